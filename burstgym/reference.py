@@ -104,7 +104,7 @@ class RefResult:
 # The coefficients `_step_time` models; a new field in `LatencyModel` must be added here too.
 _LATENCY_FIELDS = (
     "overhead_s", "overhead_seq_s", "kernel_fixed_s", "weights_s", "token_s", "logits_seq_s", "knee_p",
-    "elementwise_token_s", "attn_fixed_s", "attn_seq_s", "kv_token_s", "prefill_fixed_s",
+    "tile_tokens", "elementwise_token_s", "attn_fixed_s", "attn_seq_s", "kv_token_s", "prefill_fixed_s",
     "prefill_pair_s", "allreduce_fixed_s", "allreduce_token_s",
 )
 
@@ -119,7 +119,8 @@ def _step_time(lat: LatencyModel, prefill_tokens: int, decode_seqs: int, kv_toke
     tokens = prefill_tokens + decode_seqs
     if tokens == 0:
         return 0.0
-    compute = lat.token_s * tokens + lat.logits_seq_s * decode_seqs
+    tiled = math.ceil(tokens / lat.tile_tokens) * lat.tile_tokens  # GEMMs compute whole row tiles
+    compute = lat.token_s * tiled + lat.logits_seq_s * decode_seqs
     top = max(lat.weights_s, compute, sys.float_info.min)
     p = lat.knee_p
     linear = top * ((lat.weights_s / top) ** p + (compute / top) ** p) ** (1.0 / p)
