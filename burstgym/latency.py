@@ -209,8 +209,12 @@ def model_config_from_dict(data: dict[str, Any], name: str, where: str) -> Model
     hidden = _field(data, ("hidden_size", "n_embd", "d_model"), where)
     heads = _field(data, ("num_attention_heads", "n_head"), where)
     kv_heads = _field(data, ("num_key_value_heads",), where, default=heads)
-    ints = {"num_hidden_layers": layers, "hidden_size": hidden, "num_attention_heads": heads,
-            "num_key_value_heads": kv_heads}
+    ints = {
+        "num_hidden_layers": layers,
+        "hidden_size": hidden,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+    }
     for key, value in ints.items():
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
             raise ValueError(f"{where}: field {key!r} must be a positive integer, got {value!r}")
@@ -226,8 +230,16 @@ def model_config_from_dict(data: dict[str, Any], name: str, where: str) -> Model
     if dtype not in DTYPE_BYTES:
         raise ValueError(f"{where}: field 'torch_dtype' {dtype!r} is not one of {sorted(DTYPE_BYTES)}")
     return ModelConfig(
-        name=name, num_layers=layers, hidden_size=hidden, num_heads=heads, num_kv_heads=kv_heads,
-        head_dim=head_dim, ffn_size=ffn, vocab_size=vocab, gated_mlp=gated, dtype=dtype,
+        name=name,
+        num_layers=layers,
+        hidden_size=hidden,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        ffn_size=ffn,
+        vocab_size=vocab,
+        gated_mlp=gated,
+        dtype=dtype,
         tie_word_embeddings=bool(data.get("tie_word_embeddings", False)),
     )
 
@@ -250,8 +262,10 @@ def load_model_config(name_or_path: str | Path) -> ModelConfig:
     if path.suffix != ".json" and not path.exists():
         path = MODELS_DIR / f"{name_or_path}.json"
         if not path.exists():
-            raise ValueError(f"unknown model {str(name_or_path)!r}; known: {', '.join(list_models())}"
-                             " (or pass the path of a Hugging Face config.json)")
+            raise ValueError(
+                f"unknown model {str(name_or_path)!r}; known: {', '.join(list_models())}"
+                " (or pass the path of a Hugging Face config.json)"
+            )
     if not path.exists():
         raise ValueError(f"model config {path} does not exist")
     data = _read_json(path)
@@ -290,8 +304,9 @@ def compose_latency_model(gpu: GPUConstants, model: ModelConfig, tp: int) -> Lat
     layers = model.num_layers
     if tp > 1:
         if str(tp) not in gpu.allreduce:
-            raise ValueError(f"GPU {gpu.name} has no all-reduce fit for TP={tp}; "
-                             f"fitted: {sorted(gpu.allreduce, key=int)}")
+            raise ValueError(
+                f"GPU {gpu.name} has no all-reduce fit for TP={tp}; fitted: {sorted(gpu.allreduce, key=int)}"
+            )
         ar_fixed, ar_bw = gpu.allreduce[str(tp)]
         # Megatron layout: one all-reduce after attention and one after the MLP, per layer.
         allreduce_fixed = 2 * layers * ar_fixed
@@ -308,7 +323,9 @@ def compose_latency_model(gpu: GPUConstants, model: ModelConfig, tp: int) -> Lat
         logits_seq_s=2 * model.lm_head_params(tp) / gpu.flops,
         knee_p=gpu.knee_p,
         tile_tokens=gpu.tile_tokens,
-        elementwise_token_s=(layers * model.elementwise_bytes_per_token(tp) + model.hidden_size * model.dtype_bytes)
+        elementwise_token_s=(
+            layers * model.elementwise_bytes_per_token(tp) + model.hidden_size * model.dtype_bytes
+        )
         / gpu.elementwise_bw,
         attn_fixed_s=layers * gpu.attn_layer_fixed_s,
         attn_seq_s=layers * gpu.attn_seq_layer_s,
@@ -371,8 +388,11 @@ class Profile:
             "latency": {k: float(v) for k, v in self.latency._asdict().items()},
             "kv_capacity_tokens": self.kv_capacity_tokens,
             "kv_bytes_per_token": self.kv_bytes_per_token,
-            "power": {"idle_power_w": self.idle_power_w, "busy_power_w": self.busy_power_w,
-                      "sources": self.power_sources},
+            "power": {
+                "idle_power_w": self.idle_power_w,
+                "busy_power_w": self.busy_power_w,
+                "sources": self.power_sources,
+            },
             "provenance": self.provenance,
         }
 
@@ -389,11 +409,17 @@ def build_profile(
 ) -> Profile:
     """Compose a profile from fitted GPU constants, an architecture and per-GPU power figures."""
     return Profile(
-        name=name, gpu=gpu, model=model, tp=tp, latency=compose_latency_model(gpu, model, tp),
+        name=name,
+        gpu=gpu,
+        model=model,
+        tp=tp,
+        latency=compose_latency_model(gpu, model, tp),
         kv_capacity_tokens=kv_capacity_tokens(gpu, model, tp),
         kv_bytes_per_token=model.kv_bytes_per_token(tp) * tp,
-        idle_power_w=tp * gpu_idle_w, busy_power_w=tp * gpu_busy_w,
-        power_sources=power_sources, provenance=provenance,
+        idle_power_w=tp * gpu_idle_w,
+        busy_power_w=tp * gpu_busy_w,
+        power_sources=power_sources,
+        provenance=provenance,
     )
 
 
@@ -450,12 +476,17 @@ def profile_from_dict(data: Any, where: str) -> Profile:
         if value < 1 or value != int(value):
             raise ValueError(f"{where}: field {key!r} must be a positive integer, got {value!r}")
     return Profile(
-        name=str(data.get("name", Path(where).stem)), gpu=GPUConstants(**gpu_kwargs),
-        model=ModelConfig(**model_kwargs), tp=int(tp), latency=latency,
-        kv_capacity_tokens=int(kv_capacity), kv_bytes_per_token=int(kv_bytes),
+        name=str(data.get("name", Path(where).stem)),
+        gpu=GPUConstants(**gpu_kwargs),
+        model=ModelConfig(**model_kwargs),
+        tp=int(tp),
+        latency=latency,
+        kv_capacity_tokens=int(kv_capacity),
+        kv_bytes_per_token=int(kv_bytes),
         idle_power_w=_number(power, "idle_power_w", f"{where} [power]"),
         busy_power_w=_number(power, "busy_power_w", f"{where} [power]"),
-        power_sources=str(power.get("sources", "")), provenance=provenance,
+        power_sources=str(power.get("sources", "")),
+        provenance=provenance,
     )
 
 
@@ -478,17 +509,23 @@ def provisional_h100_llama2_7b() -> LatencyModel:
 
 def show(profile: Profile, batches: list[int], contexts: list[int]) -> str:
     """A text table of decode step times (ms) over batch size x context length, plus prefill times."""
-    lines = [f"{profile.name}: {profile.gpu.name}, {profile.model.name}, TP={profile.tp} "
-             f"({profile.provenance.get('kind', '?')})",
-             f"KV capacity {profile.kv_capacity_tokens} tokens, {profile.kv_bytes_per_token} B/token; "
-             f"power idle {profile.idle_power_w:.0f} W, busy {profile.busy_power_w:.0f} W",
-             "decode step time (ms), rows: batch size, columns: context tokens per sequence",
-             "batch " + "".join(f"{c:>10d}" for c in contexts)]
+    lines = [
+        f"{profile.name}: {profile.gpu.name}, {profile.model.name}, TP={profile.tp} "
+        f"({profile.provenance.get('kind', '?')})",
+        f"KV capacity {profile.kv_capacity_tokens} tokens, {profile.kv_bytes_per_token} B/token; "
+        f"power idle {profile.idle_power_w:.0f} W, busy {profile.busy_power_w:.0f} W",
+        "decode step time (ms), rows: batch size, columns: context tokens per sequence",
+        "batch " + "".join(f"{c:>10d}" for c in contexts),
+    ]
     for b in batches:
         row = [1e3 * float(profile.step_time(decode_seqs=b, kv_tokens=b * c)) for c in contexts]
         lines.append(f"{b:>5d} " + "".join(f"{t:>10.2f}" for t in row))
-    lines.append("prefill of one prompt (ms): " + ", ".join(
-        f"{p}: {1e3 * float(profile.step_time(prefill_tokens=p)):.1f}" for p in (128, 512, 2048, 8192)))
+    lines.append(
+        "prefill of one prompt (ms): "
+        + ", ".join(
+            f"{p}: {1e3 * float(profile.step_time(prefill_tokens=p)):.1f}" for p in (128, 512, 2048, 8192)
+        )
+    )
     return "\n".join(lines)
 
 

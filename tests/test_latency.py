@@ -1,0 +1,213 @@
+"""Latency model: step-time physics, shipped profiles, loading errors, and the fit to the data."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from burstgym import latency
+from burstgym.latency import (
+    LatencyModel,
+    compose_latency_model,
+    list_profiles,
+    load_model_config,
+    load_profile,
+    provisional_h100_llama2_7b,
+    step_time,
+)
+
+REQUIRED = [
+    "h100-llama-2-7b-tp1",
+    "h100-llama-3-8b-tp1",
+    "a100-llama-2-7b-tp1",
+    "a100-llama-3-8b-tp1",
+    "h100-llama-2-70b-tp8",
+    "a100-llama-2-70b-tp8",
+    "h200-llama-3-8b-tp1",
+]
+
+
+def shared_calibration() -> Path:
+    env = os.environ.get("BURSTGYM_SHARED_DATA")
+    base = Path(env) if env else Path(__file__).resolve().parents[1].parent / "shared" / "data"
+    return base / "calibration"
+
+
+needs_data = pytest.mark.skipif(
+    not (shared_calibration() / "vidur").is_dir(),
+    reason="calibration data absent (../shared/data/calibration or $BURSTGYM_SHARED_DATA)",
+)
+
+
+def test_required_profiles_ship_and_load() -> None:
+    assert set(REQUIRED) <= set(list_profiles())
+    for name in list_profiles():
+        p = load_profile(name)
+        assert p.name == name
+        assert isinstance(p.latency, LatencyModel)
+        assert p.kv_capacity_tokens > 10_000
+        assert p.busy_power_w > p.idle_power_w > 0
+        for key in ("kind", "source_files", "fit_date", "fit_error"):
+            assert key in p.provenance
+        # The stored coefficients are the composition of the stored GPU constants and architecture.
+        np.testing.assert_allclose(p.latency, compose_latency_model(p.gpu, p.model, p.tp), rtol=1e-9)
+
+
+def test_kv_bytes_and_power_per_node() -> None:
+    assert load_profile("h100-llama-3-8b-tp1").kv_bytes_per_token == 128 * 1024
+    assert load_profile("h100-llama-2-7b-tp1").kv_bytes_per_token == 512 * 1024
+    tp8 = load_profile("h100-llama-2-70b-tp8")
+    assert tp8.kv_bytes_per_token == 2 * 80 * 8 * 128 * 2
+    assert tp8.busy_power_w == 8 * 700.0
+    # KV capacity: 0.9 x 80 GB minus 16 GB of weights and activations, over 128 KiB a token.
+    assert 420_000 < load_profile("h100-llama-3-8b-tp1").kv_capacity_tokens < 500_000
+
+
+def test_h200_is_derived_faster_and_larger_than_h100() -> None:
+    h100, h200 = load_profile("h100-llama-3-8b-tp1"), load_profile("h200-llama-3-8b-tp1")
+    assert h200.provenance["kind"] == "derived" and h100.provenance["kind"] == "measured"
+    assert h200.kv_capacity_tokens > 1.8 * h100.kv_capacity_tokens
+    assert float(h200.step_time(decode_seqs=32, kv_tokens=32 * 1024)) < float(
+        h100.step_time(decode_seqs=32, kv_tokens=32 * 1024)
+    )
+
+
+def test_empty_batch_is_free_and_arrays_broadcast() -> None:
+    m = load_profile("h100-llama-3-8b-tp1")
+    assert float(m.step_time(prefill_tokens=0, decode_seqs=0, kv_tokens=0)) == 0.0
+    out = m.step_time(
+        prefill_tokens=jnp.array([[0], [128]]), decode_seqs=jnp.array([0, 1, 32]), kv_tokens=4096
+    )
+    assert out.shape == (2, 3)
+    assert float(out[0, 0]) == 0.0 and bool(jnp.all(out.ravel()[1:] > 0))
+
+
+def test_step_time_jits_and_vmaps_over_stacked_profiles() -> None:
+    models = [load_profile(n).latency for n in ("h100-llama-3-8b-tp1", "a100-llama-3-8b-tp1")]
+    stacked = jax.tree.map(lambda *xs: jnp.asarray(xs), *models)
+    f = jax.jit(jax.vmap(step_time, in_axes=(0, None, None, None)))
+    out = f(stacked, 0.0, 16.0, 16.0 * 1024)
+    assert out.shape == (2,) and float(out[0]) < float(out[1])  # H100 faster than A100
+    grad = jax.grad(lambda k: step_time(models[0], 0.0, 16.0, k))(1024.0)
+    assert float(grad) > 0
+
+
+def test_decode_is_memory_bound_below_the_knee() -> None:
+    """An extra decode sequence costs far less than the fixed part of the pass (the premise of skew)."""
+    m = load_profile("h100-llama-3-8b-tp1")
+    t1 = float(m.step_time(decode_seqs=1, kv_tokens=512))
+    t32 = float(m.step_time(decode_seqs=32, kv_tokens=32 * 512))
+    assert t32 < 1.5 * t1  # 32x the work for well under 2x the time
+    t2048 = float(m.step_time(prefill_tokens=2048))
+    t4096 = float(m.step_time(prefill_tokens=4096))
+    assert 1.9 < t4096 / t2048 < 3.0  # compute-bound linear plus quadratic attention
+
+
+def test_step_time_matches_vidur_kernel_sums_plus_overhead() -> None:
+    """Linear-layer time at 1 and 4096 tokens against SOURCES.md's hand-read Vidur sums."""
+    m = load_profile("h100-llama-2-7b-tp1").latency
+    zero = m._replace(
+        overhead_s=0.0,
+        overhead_seq_s=0.0,
+        logits_seq_s=0.0,
+        attn_fixed_s=0.0,
+        attn_seq_s=0.0,
+        kv_token_s=0.0,
+        prefill_fixed_s=0.0,
+        prefill_pair_s=0.0,
+    )
+    lm_head = 32000 * 4096 * 2 / load_profile("h100-llama-2-7b-tp1").gpu.mem_bw
+    assert abs(float(step_time(zero, 4096, 0, 0)) - 83.3e-3) / 83.3e-3 < 0.1
+    assert abs(float(step_time(zero, 1, 0, 0)) - lm_head - 5.60e-3) / 5.60e-3 < 0.1
+
+
+def test_provisional_is_the_h100_llama2_7b_profile() -> None:
+    assert provisional_h100_llama2_7b() == load_profile("h100-llama-2-7b-tp1").latency
+
+
+def test_unknown_profile_lists_known() -> None:
+    with pytest.raises(ValueError, match="h100-llama-3-8b-tp1"):
+        load_profile("h100-gpt-5")
+
+
+def test_malformed_profiles_name_file_and_field(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(ValueError, match="bad.json"):
+        load_profile(bad)
+    data = load_profile("h100-llama-3-8b-tp1").to_dict()
+    del data["latency"]["kv_token_s"]
+    bad.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="bad.json.*kv_token_s"):
+        load_profile(bad)
+    data = load_profile("h100-llama-3-8b-tp1").to_dict()
+    data["kv_capacity_tokens"] = "lots"
+    bad.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="kv_capacity_tokens"):
+        load_profile(bad)
+
+
+def test_profile_round_trips_through_a_path(tmp_path: Path) -> None:
+    p = load_profile("a100-llama-2-70b-tp8")
+    path = tmp_path / "copy.json"
+    path.write_text(json.dumps(p.to_dict()))
+    q = load_profile(str(path))
+    assert q.latency == p.latency and q.kv_capacity_tokens == p.kv_capacity_tokens
+
+
+def test_model_configs_and_hf_config(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="llama-3-8b"):
+        load_model_config("gpt-9")
+    assert load_model_config("llama-3-8b").kv_bytes_per_token() == 128 * 1024
+    hf = {
+        "model_type": "mistral",
+        "num_hidden_layers": 32,
+        "hidden_size": 4096,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "intermediate_size": 14336,
+        "vocab_size": 32000,
+        "hidden_act": "silu",
+        "torch_dtype": "bfloat16",
+    }
+    cfg = tmp_path / "mistral" / "config.json"
+    cfg.parent.mkdir()
+    cfg.write_text(json.dumps(hf))
+    m = load_model_config(cfg)
+    assert m.name == "mistral" and m.gated_mlp and m.head_dim == 128
+    assert 6.9e9 < m.num_layers * m.layer_params() + 2 * m.lm_head_params() < 7.4e9  # Mistral-7B: 7.24B
+    cfg.write_text(json.dumps({**hf, "hidden_size": "big"}))
+    with pytest.raises(ValueError, match="config.json.*hidden_size"):
+        load_model_config(cfg)
+
+
+def test_cli_show(capsys: pytest.CaptureFixture[str]) -> None:
+    latency.main(["show", "h100-llama-3-8b-tp1", "--batches", "1", "64", "--contexts", "1024"])
+    out = capsys.readouterr().out
+    assert "KV capacity" in out and "decode step time" in out
+
+
+@needs_data
+def test_fit_quality_on_held_out_points() -> None:
+    """The issue's acceptance: linear layers within 5% MAPE per GPU, attention within 15%."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "fit_profiles.py"
+    spec = importlib.util.spec_from_file_location("fit_profiles", path)
+    fit_profiles = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fit_profiles)
+    from burstgym.calibrate import concat_samples, fit_attention_heldout, fit_linear_heldout
+
+    root = shared_calibration()
+    for gpu in ("a100", "h100"):
+        samples, _ = fit_profiles.read_linear(root, gpu)
+        _, report = fit_linear_heldout(concat_samples(list(samples.values())))
+        assert report["heldout_mape"] < 0.05, (gpu, report)
+    _, report = fit_attention_heldout(fit_profiles.read_attention(root))
+    assert report["heldout_mape"] < 0.15, report
