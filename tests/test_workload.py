@@ -1,0 +1,242 @@
+"""Statistics and JAX contract of the workload parts (burstgym/workload.py)."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from burstgym.traces import Trace
+from burstgym.workload import (
+    DiurnalArrivals,
+    EmpiricalLengths,
+    GammaArrivals,
+    LogNormalLengths,
+    MMPPArrivals,
+    PoissonArrivals,
+    Requests,
+    TraceReplay,
+    Workload,
+    ZipfLengths,
+)
+
+KEY = jax.random.PRNGKey(0)
+N = 50_000
+
+
+def _toy_trace(size: int = 50, seed: int = 1) -> Trace:
+    rng = np.random.default_rng(seed)
+    arrival = np.cumsum(rng.gamma(0.2, 5.0, size))
+    arrival -= arrival[0]
+    return Trace(arrival, rng.integers(1, 5000, size), rng.integers(1, 500, size))
+
+
+PROCESSES = {
+    "poisson": PoissonArrivals(rate=10.0),
+    "gamma": GammaArrivals(rate=10.0, cv=3.0),
+    "mmpp": MMPPArrivals(rate=10.0, burst_ratio=math.inf, mean_on=0.2, mean_off=0.8),
+    "mmpp_leaky": MMPPArrivals(rate=10.0, burst_ratio=8.0, mean_on=0.5, mean_off=0.5),
+    "diurnal": DiurnalArrivals(PoissonArrivals(rate=10.0), amplitude=0.8, period=50.0),
+    "trace": TraceReplay(_toy_trace(), rate=10.0),
+}
+
+
+def _sample(process, key: jax.Array = KEY, n: int = N) -> np.ndarray:
+    return np.asarray(jax.jit(process.sample, static_argnums=1)(key, n))
+
+
+@pytest.mark.parametrize("name", sorted(PROCESSES))
+def test_empirical_rate_matches_mean_rate(name: str) -> None:
+    times = _sample(PROCESSES[name])
+    assert times[0] == 0.0
+    assert np.all(np.diff(times) >= 0)
+    assert (N - 1) / times[-1] == pytest.approx(PROCESSES[name].mean_rate, rel=0.04)
+
+
+@pytest.mark.parametrize("cv", [0.5, 2.0, 4.0])
+def test_gamma_interarrival_cv(cv: float) -> None:
+    gaps = np.diff(_sample(GammaArrivals(rate=5.0, cv=cv)))
+    assert gaps.std() / gaps.mean() == pytest.approx(cv, rel=0.06)
+
+
+def _dispersion(times: np.ndarray, window: float) -> float:
+    counts = np.bincount((times // window).astype(int))[:-1]  # the last window is partial
+    return counts.var() / counts.mean()
+
+
+def test_mmpp_is_burstier_than_poisson() -> None:
+    mmpp = _sample(MMPPArrivals(rate=10.0, burst_ratio=20.0, mean_on=1.0, mean_off=3.0))
+    poisson = _sample(PoissonArrivals(rate=10.0))
+    assert _dispersion(poisson, 2.0) == pytest.approx(1.0, abs=0.1)
+    assert _dispersion(mmpp, 2.0) > 5.0
+
+
+def test_mmpp_rates() -> None:
+    p = MMPPArrivals(rate=6.0, burst_ratio=4.0, mean_on=1.0, mean_off=2.0)
+    assert (p.rate_on * 1.0 + p.rate_off * 2.0) / 3.0 == pytest.approx(6.0)
+    assert p.rate_on / p.rate_off == pytest.approx(4.0)
+    assert MMPPArrivals(rate=6.0, mean_on=1.0, mean_off=2.0).rate_off == 0.0
+
+
+def test_diurnal_rate_follows_the_sinusoid() -> None:
+    period, amp = 50.0, 0.8
+    times = _sample(DiurnalArrivals(PoissonArrivals(rate=10.0), amplitude=amp, period=period, phase=0.0))
+    rising = np.mean((times % period) < period / 2)  # sin > 0 on the first half period
+    assert rising == pytest.approx((1 + 2 * amp / math.pi) / 2, abs=0.01)
+
+
+@pytest.mark.parametrize("name", sorted(PROCESSES))
+def test_with_rate_is_exact(name: str) -> None:
+    process = PROCESSES[name]
+    faster = process.with_rate(25.0)
+    assert faster.mean_rate == 25.0
+    assert faster.with_rate(process.mean_rate) == process
+    if name in ("poisson", "gamma", "trace"):  # pure time scaling under the same key
+        np.testing.assert_allclose(_sample(faster, n=1000), _sample(process, n=1000) * 10.0 / 25.0, rtol=1e-5)
+
+
+def test_workload_with_rate_keeps_lengths() -> None:
+    w = Workload(GammaArrivals(rate=2.0, cv=2.0), LogNormalLengths(500, 1.0, 4000), ZipfLengths(1.1, 1000))
+    assert w.with_rate(7.0).mean_rate == 7.0
+    assert (w.with_rate(7.0).mean_prompt, w.with_rate(7.0).mean_output) == (w.mean_prompt, w.mean_output)
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    rate=st.floats(0.1, 1000.0),
+    cv=st.floats(0.2, 8.0),
+    ratio=st.floats(1.0, 1e6) | st.just(math.inf),
+    on=st.floats(0.01, 100.0),
+    off=st.floats(0.01, 100.0),
+    amp=st.floats(0.0, 1.0),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_arrivals_invariants_for_random_parameters(
+    rate: float, cv: float, ratio: float, on: float, off: float, amp: float, seed: int
+) -> None:
+    key = jax.random.PRNGKey(seed)
+    for process in (
+        GammaArrivals(rate, cv),
+        MMPPArrivals(rate, ratio, on, off),
+        DiurnalArrivals(PoissonArrivals(rate), amp, period=10.0 / rate),
+    ):
+        times = np.asarray(process.sample(key, 64))
+        assert times.shape == (64,) and times[0] == pytest.approx(0.0, abs=1e-6 / rate)
+        assert np.all(np.isfinite(times)) and np.all(np.diff(times) >= 0)
+
+
+def test_lognormal_median_bounds_and_mean() -> None:
+    dist = LogNormalLengths(median=300.0, sigma=1.2, max_tokens=2000, min_tokens=4)
+    x = np.asarray(dist.sample(KEY, 200_000))
+    assert x.dtype == np.int32 and x.min() >= 4 and x.max() <= 2000
+    assert np.median(x) == pytest.approx(300, abs=3)
+    assert x.mean() == pytest.approx(dist.mean, rel=0.01)
+
+
+def test_zipf_pmf_bounds_and_mean() -> None:
+    dist = ZipfLengths(exponent=1.5, max_tokens=3000, min_tokens=2)
+    x = np.asarray(dist.sample(KEY, 200_000))
+    assert x.min() >= 2 and x.max() <= 3000
+    harmonic = np.sum(np.arange(2, 3001) ** -1.5)
+    assert np.mean(x == 2) == pytest.approx(2**-1.5 / harmonic, abs=0.005)
+    assert np.mean(x == 3) == pytest.approx(3**-1.5 / harmonic, abs=0.005)
+    assert x.mean() == pytest.approx(dist.mean, rel=0.03)
+
+
+def test_empirical_lengths() -> None:
+    dist = EmpiricalLengths(np.array([3, 7, 7, 100]))
+    x = np.asarray(dist.sample(KEY, 40_000))
+    assert set(np.unique(x)) == {3, 7, 100}
+    assert np.mean(x == 7) == pytest.approx(0.5, abs=0.01)
+    assert dist.mean == 29.25
+    with pytest.raises(ValueError):
+        EmpiricalLengths((0, 5))
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    median=st.floats(1.0, 5000.0),
+    sigma=st.floats(0.01, 3.0),
+    exponent=st.floats(0.3, 3.0),
+    high=st.integers(1, 5000),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_lengths_stay_in_bounds(median: float, sigma: float, exponent: float, high: int, seed: int) -> None:
+    for dist in (LogNormalLengths(median, sigma, high), ZipfLengths(exponent, high)):
+        x = np.asarray(dist.sample(jax.random.PRNGKey(seed), 256))
+        assert x.dtype == np.int32 and x.min() >= 1 and x.max() <= high
+        assert 1 <= dist.mean <= high
+
+
+WORKLOADS = {
+    "gamma_lognormal": Workload(
+        GammaArrivals(rate=3.0, cv=4.0), LogNormalLengths(1000, 1.0, 8000), LogNormalLengths(100, 1.0, 2000)
+    ),
+    "trace_pairs": Workload(TraceReplay(_toy_trace())),
+    "trace_zipf_output": Workload(TraceReplay(_toy_trace()), output=ZipfLengths(1.2, 500)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(WORKLOADS))
+def test_sample_is_deterministic_jittable_and_vmappable(name: str) -> None:
+    workload = WORKLOADS[name]
+    sample = jax.jit(workload.sample, static_argnums=1)
+    a, b = sample(KEY, 300), sample(KEY, 300)
+    c = sample(jax.random.PRNGKey(1), 300)
+    assert isinstance(a, Requests)
+    for x, y, z in zip(a, b, c, strict=True):
+        np.testing.assert_array_equal(x, y)
+        assert not np.array_equal(x, z)
+    assert a.arrival.dtype == jnp.result_type(float)
+    assert a.prompt.dtype == a.output.dtype == jnp.int32
+    assert int(a.prompt.min()) >= 1 and int(a.output.min()) >= 1
+    keys = jax.random.split(KEY, 8)
+    batch = jax.jit(jax.vmap(workload.sample, in_axes=(0, None)), static_argnums=1)(keys, 300)
+    assert batch.arrival.shape == batch.prompt.shape == batch.output.shape == (8, 300)
+    one = workload.sample(keys[3], 300)
+    for x, y in zip(batch, one, strict=True):
+        np.testing.assert_allclose(x[3], y, rtol=1e-6)
+
+
+def test_workloads_hash_by_value() -> None:
+    trace = _toy_trace()
+    copy = Trace(*(np.array(a) for a in trace))
+    assert Workload(TraceReplay(trace)) == Workload(TraceReplay(copy))
+    assert hash(Workload(TraceReplay(trace))) == hash(Workload(TraceReplay(copy)))
+    assert TraceReplay(trace) != TraceReplay(_toy_trace(seed=2))
+    assert hash(EmpiricalLengths((1, 2))) == hash(EmpiricalLengths(np.array([1, 2])))
+
+
+def test_trace_lengths_need_trace_replay() -> None:
+    with pytest.raises(ValueError, match="TraceReplay"):
+        Workload(PoissonArrivals(1.0), prompt=LogNormalLengths(10, 1, 100))
+
+
+def test_trace_replay_reproduces_gaps_and_pairs_with_wraparound() -> None:
+    trace = _toy_trace(size=50)
+    replay = TraceReplay(trace, rate=4.0)
+    scale = replay.native_rate / 4.0
+    assert replay.native_rate == pytest.approx(49 / trace.arrival[-1])
+    gaps = np.append(np.diff(trace.arrival), trace.arrival[-1] / 49)
+    for seed in range(5):
+        key = jax.random.PRNGKey(seed)
+        requests = Workload(replay).sample(key, 120)  # wraps around more than twice
+        rows = np.asarray(replay.window(jax.random.split(key, 3)[0], 120))
+        assert rows[1] == (rows[0] + 1) % 50
+        np.testing.assert_array_equal(requests.prompt, trace.prompt[rows])
+        np.testing.assert_array_equal(requests.output, trace.output[rows])
+        np.testing.assert_allclose(np.diff(requests.arrival), gaps[rows[:-1]] * scale, rtol=1e-4, atol=1e-5)
+
+
+def test_trace_replay_rejects_bad_traces() -> None:
+    with pytest.raises(ValueError, match="non-decreasing"):
+        TraceReplay(Trace(np.array([0.0, 2.0, 1.0]), np.ones(3), np.ones(3)))
+    with pytest.raises(ValueError, match=">= 1"):
+        TraceReplay(Trace(np.array([0.0, 1.0]), np.array([1, 0]), np.ones(2)))
+    with pytest.raises(ValueError, match="two requests"):
+        TraceReplay(Trace(np.array([0.0]), np.ones(1), np.ones(1)))
