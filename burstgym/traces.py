@@ -140,6 +140,8 @@ def _read_csv(path: Path, columns: tuple[str, ...]) -> pd.DataFrame:
         raise ValueError(f"{path}: empty file (no header)") from None
     except pd.errors.ParserError as e:
         raise ValueError(f"{path}: {e}") from None
+    if not isinstance(table.index, pd.RangeIndex):  # pandas reads extra leading fields as an index
+        raise ValueError(f"{path}: line 2: more fields than the header's {len(table.columns)}")
     table.columns = [str(c).strip() for c in table.columns]
     missing = [c for c in columns if c not in table.columns]
     if missing:

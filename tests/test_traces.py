@@ -114,7 +114,8 @@ def test_format_detection_and_explicit_format(tmp_path: Path) -> None:
             AZURE_HEADER + "2023-11-16 18:15:46,5,2\n2023-11-16 18:15:47,5\n",
             r"line 3: column 'GeneratedTokens': not a number: ''",
         ),
-        (AZURE_HEADER + "2023-11-16 18:15:46,5,2,9\n", r"line 2"),
+        (AZURE_HEADER + "2023-11-16 18:15:46,5,2,9\n", r"line 2: more fields than the header"),
+        (AZURE_HEADER + "2023-11-16 18:15:46,5,2\n2023-11-16 18:15:46,5,2,9\n", r"line 3, saw 4"),
     ],
 )
 def test_azure_errors_name_file_line_and_column(tmp_path: Path, text: str, match: str) -> None:
