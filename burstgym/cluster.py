@@ -149,9 +149,9 @@ def _handle_events(
     start_ok = active & (phase == IDLE) & (_start_time(slots, nodes, params, cfg) <= tau)
     ncfg = node_configs(params.nodes)
     if cfg.scheduler == "continuous":
-        plan = jax.vmap(scheduler.plan_continuous)(slots, ncfg, nodes.admit_counter, nodes.preempt_counter)
+        plan = jax.vmap(scheduler.plan_continuous)(slots, ncfg)
     else:
-        plan = jax.vmap(scheduler.plan_dynamic)(slots, ncfg, nodes.admit_counter)
+        plan = jax.vmap(scheduler.plan_dynamic)(slots, ncfg)
     preempted = plan.preempted & start_ok[:, None]
     log = log._replace(
         preemptions=log.preemptions.at[jnp.where(preempted, slots.req, no_req)].add(1, mode="drop")
@@ -161,8 +161,6 @@ def _handle_events(
     nodes = nodes._replace(
         phase=jnp.where(started, BUSY, nodes.phase),
         iter_end=jnp.where(started, tau + plan.duration, nodes.iter_end),
-        admit_counter=nodes.admit_counter + jnp.where(start_ok, plan.admitted, 0),
-        preempt_counter=nodes.preempt_counter + preempted.sum(axis=1),
     )
     return slots, nodes, log, acc
 
@@ -234,8 +232,6 @@ def route(
     slots = Slots(
         req=put(slots.req, req),
         status=put(slots.status, WAITING),
-        key=put(slots.key, req),
-        admit=put(slots.admit, 0),
         arrival=put(slots.arrival, arrival),
         prompt=put(slots.prompt, prompt),
         output=put(slots.output, output),

@@ -44,8 +44,6 @@ class BurstBalance:
         slots = Slots(
             req=jnp.full((n, s), NO_REQUEST, jnp.int32),
             status=jnp.full((n, s), EMPTY, jnp.int32),
-            key=zi,
-            admit=zi,
             arrival=jnp.zeros((n, s), fdt),
             prompt=zi,
             output=zi,
@@ -60,8 +58,6 @@ class BurstBalance:
             wake_end=zf,
             idle_since=zf + t0,
             last_time=zf + t0,
-            admit_counter=jnp.zeros(n, jnp.int32),
-            preempt_counter=jnp.zeros(n, jnp.int32),
             energy_j=zf,
             busy_s=zf,
             routed=jnp.zeros(n, jnp.int32),

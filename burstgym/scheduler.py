@@ -9,6 +9,14 @@ them over nodes. The rules are those of docs/semantics.md:
 - `dynamic`: a batching window as in Triton's dynamic batcher: an idle node launches a batch
   when `max_batch_size` requests wait or the oldest has waited `max_queue_delay`; the batch
   prefills together, decodes until its last member is done, and only then does the next start.
+
+Order without sorting: a node's slot table is kept ordered as the contract orders requests —
+running requests by admission (oldest first), then waiting requests in queue order, then empty
+slots. Every operation preserves that order (an arrival takes the first empty slot; admission
+turns the head of the queue into the newest running requests; preemption turns the newest
+running requests into the head of the queue, earliest-admitted first; a finish is removed by a
+stable compaction), so greedy budgets and FCFS rules are prefix sums over slots. Sorting is
+avoided because XLA's CPU sort dominates the step time otherwise.
 """
 
 from __future__ import annotations
@@ -20,9 +28,6 @@ import jax.numpy as jnp
 
 from burstgym.latency import LatencyModel, step_time
 from burstgym.types import EMPTY, NO_REQUEST, RUNNING, WAITING, Slots
-
-_BIG = jnp.iinfo(jnp.int32).max
-
 
 class NodeConfig(NamedTuple):
     """One node's scheduler parameters (scalars): a slice of `NodeParams`."""
@@ -43,7 +48,6 @@ class Plan(NamedTuple):
     slots: Slots  # with `sched` set, admissions and preemptions applied
     duration: jax.Array  # [] float, seconds (0 when nothing was scheduled)
     started: jax.Array  # [] bool, whether anything was scheduled
-    admitted: jax.Array  # [] int32, admissions made
     preempted: jax.Array  # [S] bool, slots preempted by this plan
 
 
@@ -55,11 +59,6 @@ def _greedy(need_sorted: jax.Array, budget: jax.Array) -> jax.Array:
     """Tokens given in order from a shared budget: each takes min(need, what is left)."""
     before = jnp.cumsum(need_sorted) - need_sorted
     return jnp.clip(budget - before, 0, need_sorted)
-
-
-def _place(order: jax.Array, sorted_values: jax.Array) -> jax.Array:
-    """Undo a permutation: the value at sorted position i goes back to slot order[i]."""
-    return jnp.zeros_like(sorted_values).at[order].set(sorted_values)
 
 
 def kv_blocks_used(slots: Slots, block_size: jax.Array) -> jax.Array:
@@ -83,76 +82,56 @@ def _batch_time(slots: Slots, cfg: NodeConfig) -> jax.Array:
     return cfg.speed * step_time(cfg.latency, prefill_tokens, decode_seqs, kv_tokens, prefill_pairs)
 
 
-def plan_continuous(
-    slots: Slots, cfg: NodeConfig, admit_counter: jax.Array, preempt_counter: jax.Array
-) -> Plan:
-    """Plan the next continuous-batching iteration of one node."""
+def plan_continuous(slots: Slots, cfg: NodeConfig) -> Plan:
+    """Plan the next continuous-batching iteration of one node (docs/semantics.md, steps 1-4)."""
     n_slots = slots.status.shape[0]
     pos = jnp.arange(n_slots)
     running = slots.status == RUNNING
+    waiting = slots.status == WAITING
     seq_len = slots.prompt + slots.generated
     budget = cfg.max_num_batched_tokens
     bs = cfg.block_size
 
-    # 1. Running requests, oldest admission first, share the token budget greedily.
-    order = jnp.argsort(jnp.where(running, slots.admit, _BIG))
-    run_s = running[order]
-    need_s = jnp.where(run_s, (seq_len - slots.computed)[order], 0)
-    t_s = _greedy(need_s, budget)
+    # 1. Running requests (slots 0 .. n_run-1, oldest admission first) share the budget greedily.
+    t = _greedy(jnp.where(running, seq_len - slots.computed, 0), budget)
 
     # 2. KV blocks: preempt the most recently admitted until the rest fit.
-    comp_s = slots.computed[order]
-    held_s = jnp.where(run_s, _ceil_div(comp_s, bs), 0)
-    extra_s = jnp.where(run_s, _ceil_div(comp_s + t_s, bs) - held_s, 0)
-    free = cfg.kv_blocks - held_s.sum()
-    n_run = run_s.sum()
+    held = jnp.where(running, _ceil_div(slots.computed, bs), 0)
+    extra = jnp.where(running, _ceil_div(slots.computed + t, bs) - held, 0)
+    free = cfg.kv_blocks - held.sum()
+    n_run = running.sum()
     # Keeping the first j running requests fits iff their extra blocks <= free + blocks held by the rest.
-    keep_extra = jnp.cumsum(extra_s) - extra_s
-    freed = held_s.sum() - (jnp.cumsum(held_s) - held_s)
+    keep_extra = jnp.cumsum(extra) - extra
+    freed = held.sum() - (jnp.cumsum(held) - held)
     fits = (keep_extra <= free + freed) & (pos <= n_run)
-    all_fit = extra_s.sum() <= free
-    keep = jnp.where(all_fit, n_run, jnp.max(jnp.where(fits, pos, 0)))
-    pre_s = run_s & (pos >= keep)
-    n_pre = pre_s.sum()
-    t_s = jnp.where(pre_s, 0, t_s)
-    free_after = free + jnp.where(pre_s, held_s, 0).sum() - jnp.where(pre_s, 0, extra_s).sum()
-    budget_left = budget - t_s.sum()
+    keep = jnp.where(extra.sum() <= free, n_run, jnp.max(jnp.where(fits, pos, 0)))
+    preempted = running & (pos >= keep)
+    n_pre = preempted.sum()
+    t = jnp.where(preempted, 0, t)
+    free_after = free + jnp.where(preempted, held, 0).sum() - jnp.where(preempted, 0, extra).sum()
 
-    preempted = _place(order, pre_s)
-    # Most recently admitted is preempted first and gets the larger counter; the earliest ends first.
-    pre_key = -(preempt_counter + (n_run - _place(order, pos)))
-    t_run = _place(order, t_s)
-
-    # 3. Admission, only when nothing was preempted: FCFS with head-of-line blocking.
-    waiting = slots.status == WAITING
-    worder = jnp.argsort(jnp.where(waiting, slots.key, _BIG))
-    wait_s = waiting[worder]
-    wneed_s = jnp.where(wait_s, seq_len[worder], 0)
-    tw_s = _greedy(wneed_s, budget_left)
-    blocks_s = _ceil_div(tw_s, bs)
-    ok_s = (
-        wait_s
-        & (tw_s > 0)
-        & (jnp.cumsum(blocks_s) <= free_after)
-        & (pos < cfg.max_num_seqs - (n_run - n_pre))
+    # 3. Admission, only when nothing was preempted: FCFS with head-of-line blocking. The queue
+    # starts right after the running block (preempted requests, now its head, need no move).
+    budget_left = budget - t.sum()
+    tw = _greedy(jnp.where(waiting, seq_len, 0), budget_left)
+    rank = pos - n_run
+    ok = (
+        waiting
+        & (tw > 0)
+        & (jnp.cumsum(_ceil_div(tw, bs)) <= free_after)
+        & (rank < cfg.max_num_seqs - n_run)
         & (n_pre == 0)
     )
-    adm_s = jnp.cumprod(ok_s.astype(jnp.int32)).astype(bool)
-    n_adm = adm_s.sum()
-    admitted = _place(worder, adm_s)
-    t_adm = _place(worder, jnp.where(adm_s, tw_s, 0))
-    admit_no = admit_counter + _place(worder, pos)
+    # Prefix rule over the queue: admitted iff every waiting request before it was admitted.
+    admitted = waiting & (jnp.cumsum(waiting & ~ok) == 0)
 
-    sched = jnp.where(admitted, t_adm, t_run)
+    sched = jnp.where(admitted, tw, t)
     new = slots._replace(
         status=jnp.where(preempted, WAITING, jnp.where(admitted, RUNNING, slots.status)),
-        key=jnp.where(preempted, pre_key, slots.key),
-        admit=jnp.where(admitted, admit_no, slots.admit),
         computed=jnp.where(preempted, 0, slots.computed),
         sched=sched,
     )
-    duration = _batch_time(new, cfg)
-    return Plan(new, duration, sched.sum() > 0, n_adm, preempted)
+    return Plan(new, _batch_time(new, cfg), sched.sum() > 0, preempted)
 
 
 def dynamic_can_start(slots: Slots, cfg: NodeConfig, now: jax.Array) -> jax.Array:
@@ -165,22 +144,17 @@ def dynamic_can_start(slots: Slots, cfg: NodeConfig, now: jax.Array) -> jax.Arra
     return jnp.where(batch_open, now, jnp.where(n_wait > 0, launch, jnp.inf))
 
 
-def plan_dynamic(slots: Slots, cfg: NodeConfig, admit_counter: jax.Array) -> Plan:
+def plan_dynamic(slots: Slots, cfg: NodeConfig) -> Plan:
     """Plan the next iteration of a dynamic-batching node: a new batch's prefill, or a decode."""
-    n_slots = slots.status.shape[0]
-    pos = jnp.arange(n_slots)
     running = slots.status == RUNNING
-    batch_open = running.any()
     waiting = slots.status == WAITING
-    worder = jnp.argsort(jnp.where(waiting, slots.key, _BIG))
-    join_s = waiting[worder] & (pos < cfg.max_batch_size) & ~batch_open
-    joins = _place(worder, join_s)
-    admit_no = admit_counter + _place(worder, pos)
+    # With no batch open, the queue starts at slot 0: the first max_batch_size requests join.
+    joins = waiting & (jnp.arange(slots.status.shape[0]) < cfg.max_batch_size) & ~running.any()
     status = jnp.where(joins, RUNNING, slots.status)
     seq_len = slots.prompt + slots.generated
     sched = jnp.where(status == RUNNING, seq_len - slots.computed, 0)
-    new = slots._replace(status=status, admit=jnp.where(joins, admit_no, slots.admit), sched=sched)
-    return Plan(new, _batch_time(new, cfg), sched.sum() > 0, joins.sum(), jnp.zeros(n_slots, bool))
+    new = slots._replace(status=status, sched=sched)
+    return Plan(new, _batch_time(new, cfg), sched.sum() > 0, jnp.zeros_like(running))
 
 
 class IterationResult(NamedTuple):
@@ -190,6 +164,17 @@ class IterationResult(NamedTuple):
     first_token: jax.Array  # [S] bool, slots whose first output token came in this iteration
     finished: jax.Array  # [S] bool, slots whose last output token came (now freed)
     finished_req: jax.Array  # [S] int32, request index of each finished slot
+
+
+def _compact(slots: Slots) -> Slots:
+    """Move the occupied slots to the front, keeping their order (a stable compaction)."""
+    keep = slots.status != EMPTY
+    target = jnp.where(keep, jnp.cumsum(keep) - 1, keep.shape[0])
+
+    def pack(field: jax.Array, empty: int) -> jax.Array:
+        return jnp.full_like(field, empty).at[target].set(field, mode="drop")
+
+    return Slots(*(pack(f, NO_REQUEST if name == "req" else 0) for name, f in zip(Slots._fields, slots)))
 
 
 def finish_iteration(slots: Slots) -> IterationResult:
@@ -205,6 +190,5 @@ def finish_iteration(slots: Slots) -> IterationResult:
         generated=generated,
         sched=jnp.zeros_like(slots.sched),
         status=jnp.where(finished, EMPTY, slots.status),
-        req=jnp.where(finished, NO_REQUEST, slots.req),
     )
-    return IterationResult(new, first, finished, slots.req)
+    return IterationResult(_compact(new), first, finished, slots.req)

@@ -72,12 +72,14 @@ class EnvParams(NamedTuple):
 
 
 class Slots(NamedTuple):
-    """Requests held by each node, in a fixed table of S slots per node; all fields [N, S]."""
+    """Requests held by each node, in a fixed table of S slots per node; all fields [N, S].
+
+    Each node's table is ordered: running requests by admission (oldest first), then waiting
+    requests in FCFS queue order, then empty slots (see `burstgym.scheduler`).
+    """
 
     req: jax.Array  # int32, request index in the episode stream, NO_REQUEST when the slot is empty
     status: jax.Array  # int32, EMPTY / WAITING / RUNNING
-    key: jax.Array  # int32, FCFS queue key (smaller first; preempted requests are negative)
-    admit: jax.Array  # int32, admission number (running order, oldest first)
     arrival: jax.Array  # float, arrival time
     prompt: jax.Array  # int32, prompt tokens
     output: jax.Array  # int32, output tokens to generate
@@ -94,8 +96,6 @@ class NodeState(NamedTuple):
     wake_end: jax.Array  # float, end of waking (WAKING)
     idle_since: jax.Array  # float, when the node last became idle
     last_time: jax.Array  # float, time up to which latency and energy are accrued
-    admit_counter: jax.Array  # int32, admissions so far
-    preempt_counter: jax.Array  # int32, preemptions so far
     energy_j: jax.Array  # float, energy drawn this episode
     busy_s: jax.Array  # float, time spent running iterations this episode
     routed: jax.Array  # int32, requests routed to the node (accepted or dropped)
