@@ -532,3 +532,33 @@ def _result(s: _Stream, sim: list[_Node], route: np.ndarray, dropped: np.ndarray
         total_preemptions=int(sum(s.preemptions)), objective=objective, step_objective=step_objective,
         goodput=int(slo_met.sum()), slo_step_reward=slo_step_reward,
     )
+
+
+def nodes_from_params(scheduler: str, params) -> list[RefNode]:
+    """`RefNode`s with the values of a JAX `EnvParams` (reads parameters only, no simulation code)."""
+    p = params.nodes
+    n = len(np.asarray(p.speed))
+
+    def at(x, i):
+        return np.asarray(x)[i].item()
+
+    return [
+        RefNode(
+            scheduler=scheduler,
+            latency=LatencyModel(*(float(at(f, i)) for f in p.latency)),
+            speed=float(at(p.speed, i)),
+            max_num_seqs=int(at(p.max_num_seqs, i)),
+            max_num_batched_tokens=int(at(p.max_num_batched_tokens, i)),
+            block_size=int(at(p.block_size, i)),
+            kv_capacity_tokens=int(at(p.kv_blocks, i)) * int(at(p.block_size, i)),
+            max_batch_size=int(at(p.max_batch_size, i)),
+            max_queue_delay=float(at(p.max_queue_delay, i)),
+            queue_capacity=int(at(p.queue_capacity, i)),
+            busy_power_w=float(at(p.busy_power_w, i)),
+            idle_power_w=float(at(p.idle_power_w, i)),
+            sleep_power_w=float(at(p.sleep_power_w, i)),
+            sleep_timeout=float(at(p.sleep_timeout, i)),
+            wake_delay=float(at(p.wake_delay, i)),
+        )
+        for i in range(n)
+    ]
