@@ -125,7 +125,8 @@ def plan_continuous(slots: Slots, cfg: NodeConfig) -> Plan:
     # Prefix rule over the queue: admitted iff every waiting request before it was admitted.
     admitted = waiting & (jnp.cumsum(waiting & ~ok) == 0)
 
-    sched = jnp.where(admitted, tw, t)
+    # Prefix sums promote int32 to int64 under x64; keep the slot table's dtypes (a while_loop carry).
+    sched = jnp.where(admitted, tw, t).astype(slots.sched.dtype)
     new = slots._replace(
         status=jnp.where(preempted, WAITING, jnp.where(admitted, RUNNING, slots.status)),
         computed=jnp.where(preempted, 0, slots.computed),
@@ -152,7 +153,7 @@ def plan_dynamic(slots: Slots, cfg: NodeConfig) -> Plan:
     joins = waiting & (jnp.arange(slots.status.shape[0]) < cfg.max_batch_size) & ~running.any()
     status = jnp.where(joins, RUNNING, slots.status)
     seq_len = slots.prompt + slots.generated
-    sched = jnp.where(status == RUNNING, seq_len - slots.computed, 0)
+    sched = jnp.where(status == RUNNING, seq_len - slots.computed, 0).astype(slots.sched.dtype)
     new = slots._replace(status=status, sched=sched)
     return Plan(new, _batch_time(new, cfg), sched.sum() > 0, jnp.zeros_like(running))
 
