@@ -26,7 +26,9 @@ from burstgym.workload import (
 )
 
 KEY = jax.random.PRNGKey(0)
-N = 50_000
+KEY_B = jax.random.PRNGKey(1)
+N = 50_000  # long draws, for statistics
+SMALL = 64  # short draws; one size everywhere so eager kernels are compiled once
 
 
 def _toy_trace(size: int = 50, seed: int = 1) -> Trace:
@@ -46,24 +48,78 @@ PROCESSES = {
 }
 
 
-def _sample(process, key: jax.Array = KEY, n: int = N) -> np.ndarray:
-    """Eager sampling: op-by-op dispatch shares compiled kernels across parameters and tests, which
-    keeps this file fast; jit and vmap are checked by the tests named for them."""
+PARTS = {  # name: (part, n), drawn by the `draws` fixture
+    **{name: (process, N) for name, process in PROCESSES.items()},
+    **{f"faster_{name}": (PROCESSES[name].with_rate(25.0), N) for name in ("poisson", "gamma", "trace")},
+    **{f"gamma_cv{cv}": (GammaArrivals(rate=5.0, cv=cv), N) for cv in (0.5, 2.0, 4.0)},
+    "diurnal_phase0": (DiurnalArrivals(PoissonArrivals(rate=10.0), amplitude=0.8, period=50.0, phase=0.0), N),
+    # MMPP extremes: switching much faster than arrivals; rare intense bursts; degenerate (Poisson)
+    "mmpp_fast_switching": (MMPPArrivals(rate=0.1, burst_ratio=math.inf, mean_on=0.05, mean_off=0.05), SMALL),
+    "mmpp_rare_bursts": (MMPPArrivals(rate=500.0, burst_ratio=1e6, mean_on=0.01, mean_off=100.0), SMALL),
+    "mmpp_flat": (MMPPArrivals(rate=3.0, burst_ratio=1.0, mean_on=1.0, mean_off=1.0), SMALL),
+    "lognormal": (LogNormalLengths(median=300.0, sigma=1.2, max_tokens=2000, min_tokens=4), N),
+    "zipf": (ZipfLengths(exponent=1.5, max_tokens=3000, min_tokens=2), N),
+    "empirical": (EmpiricalLengths(np.array([3, 7, 7, 100])), N),
+}
+ARRIVALS = [name for name, (part, _) in PARTS.items() if hasattr(part, "mean_rate")]
+
+
+def _eager(part, key: jax.Array, n: int) -> np.ndarray:
+    """Op-by-op sampling. Compiled kernels are shared by every part and parameter with the same
+    shapes, where `jax.jit` compiles each part anew: this keeps the file fast. `jax.jit` and
+    `jax.vmap` are checked by test_workloads_jit_and_vmap."""
     with jax.disable_jit():
-        return np.asarray(process.sample(key, n))
+        return np.asarray(part.sample(key, n))
+
+
+@pytest.fixture(scope="module")
+def draws() -> dict[str, np.ndarray]:
+    """Every part of PARTS drawn once with KEY."""
+    return {name: _eager(part, KEY, n) for name, (part, n) in PARTS.items()}
+
+
+WORKLOADS = (  # together they cover every arrival process and length distribution
+    Workload(GammaArrivals(3.0, cv=3.0), LogNormalLengths(1000, 1.0, 8000), ZipfLengths(1.2, 500)),
+    Workload(MMPPArrivals(3.0, 8.0, 0.5, 0.5), EmpiricalLengths((5, 9)), LogNormalLengths(50, 1.0, 900)),
+    Workload(
+        DiurnalArrivals(PoissonArrivals(3.0), 0.5, 60.0), ZipfLengths(1.1, 99), EmpiricalLengths((1, 2))
+    ),
+    Workload(TraceReplay(_toy_trace()), output=EmpiricalLengths((1, 2, 50))),
+)
+
+
+def test_workloads_jit_and_vmap() -> None:
+    """Jitted and vmapped over keys: deterministic per key, different across keys."""
+    keys = jnp.stack([KEY, KEY, KEY_B])
+    batch = jax.jit(jax.vmap(lambda k: [w.sample(k, SMALL) for w in WORKLOADS]))(keys)
+    for requests in batch:
+        assert isinstance(requests, Requests)
+        assert requests.arrival.dtype == jnp.result_type(float)
+        assert requests.prompt.dtype == requests.output.dtype == jnp.int32
+        assert int(requests.prompt.min()) >= 1 and int(requests.output.min()) >= 1
+        assert np.all(requests.arrival[:, 0] == 0.0) and np.all(np.diff(requests.arrival, axis=1) >= 0)
+        for column in requests:
+            assert column.shape == (3, SMALL)
+            np.testing.assert_array_equal(column[0], column[1])  # same key, same draw
+            assert not np.array_equal(column[0], column[2])  # another key, another draw
+
+
+@pytest.mark.parametrize("name", ARRIVALS)
+def test_arrivals_start_at_zero_and_never_decrease(draws: dict, name: str) -> None:
+    times = draws[name]
+    assert times.dtype == jnp.result_type(float)
+    assert times[0] == 0.0 and np.all(np.isfinite(times)) and np.all(np.diff(times) >= 0)
 
 
 @pytest.mark.parametrize("name", sorted(PROCESSES))
-def test_empirical_rate_matches_mean_rate(name: str) -> None:
-    times = _sample(PROCESSES[name])
-    assert times[0] == 0.0
-    assert np.all(np.diff(times) >= 0)
+def test_empirical_rate_matches_mean_rate(draws: dict, name: str) -> None:
+    times = draws[name]
     assert (N - 1) / times[-1] == pytest.approx(PROCESSES[name].mean_rate, rel=0.04)
 
 
 @pytest.mark.parametrize("cv", [0.5, 2.0, 4.0])
-def test_gamma_interarrival_cv(cv: float) -> None:
-    gaps = np.diff(_sample(GammaArrivals(rate=5.0, cv=cv)))
+def test_gamma_interarrival_cv(draws: dict, cv: float) -> None:
+    gaps = np.diff(draws[f"gamma_cv{cv}"])
     assert gaps.std() / gaps.mean() == pytest.approx(cv, rel=0.06)
 
 
@@ -72,21 +128,9 @@ def _dispersion(times: np.ndarray, window: float) -> float:
     return counts.var() / counts.mean()
 
 
-def test_processes_jit_and_vmap_match_eager() -> None:
-    keys = jnp.stack([KEY, KEY, jax.random.PRNGKey(1)])
-    batch = jax.jit(jax.vmap(lambda k: [PROCESSES[name].sample(k, 256) for name in sorted(PROCESSES)]))(keys)
-    for name, times in zip(sorted(PROCESSES), batch, strict=True):
-        assert times.shape == (3, 256)
-        np.testing.assert_array_equal(times[0], times[1])
-        assert not np.array_equal(times[0], times[2])
-        np.testing.assert_allclose(times[2], _sample(PROCESSES[name], keys[2], 256), rtol=1e-5, atol=1e-5)
-
-
-def test_mmpp_is_burstier_than_poisson() -> None:
-    mmpp = _sample(MMPPArrivals(rate=10.0, burst_ratio=20.0, mean_on=1.0, mean_off=3.0))
-    poisson = _sample(PoissonArrivals(rate=10.0))
-    assert _dispersion(poisson, 2.0) == pytest.approx(1.0, abs=0.1)
-    assert _dispersion(mmpp, 2.0) > 5.0
+def test_mmpp_is_burstier_than_poisson(draws: dict) -> None:
+    assert _dispersion(draws["poisson"], 2.0) == pytest.approx(1.0, abs=0.1)
+    assert _dispersion(draws["mmpp"], 2.0) > 5.0  # about 13 for long windows (on 1/5 of the time)
 
 
 def test_mmpp_rates() -> None:
@@ -96,10 +140,9 @@ def test_mmpp_rates() -> None:
     assert MMPPArrivals(rate=6.0, mean_on=1.0, mean_off=2.0).rate_off == 0.0
 
 
-def test_diurnal_rate_follows_the_sinusoid() -> None:
+def test_diurnal_rate_follows_the_sinusoid(draws: dict) -> None:
     period, amp = 50.0, 0.8
-    times = _sample(DiurnalArrivals(PoissonArrivals(rate=10.0), amplitude=amp, period=period, phase=0.0))
-    rising = np.mean((times % period) < period / 2)  # sin > 0 on the first half period
+    rising = np.mean((draws["diurnal_phase0"] % period) < period / 2)  # sin > 0 on the first half
     assert rising == pytest.approx((1 + 2 * amp / math.pi) / 2, abs=0.01)
 
 
@@ -109,8 +152,11 @@ def test_with_rate_is_exact(name: str) -> None:
     faster = process.with_rate(25.0)
     assert faster.mean_rate == 25.0
     assert faster.with_rate(process.mean_rate) == process
-    if name in ("poisson", "gamma", "trace"):  # pure time scaling under the same key
-        np.testing.assert_allclose(_sample(faster, n=1000), _sample(process, n=1000) * 10.0 / 25.0, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["poisson", "gamma", "trace"])
+def test_with_rate_scales_time(draws: dict, name: str) -> None:
+    np.testing.assert_allclose(draws[f"faster_{name}"], draws[name] * 10.0 / 25.0, rtol=1e-5)
 
 
 def test_workload_with_rate_keeps_lengths() -> None:
@@ -132,48 +178,32 @@ def test_arrivals_invariants_for_random_parameters(rate: float, cv: float, amp: 
         GammaArrivals(rate, cv),
         DiurnalArrivals(GammaArrivals(rate, cv), amp, period=10.0 / rate),
     ):
-        times = _sample(process, key, 64)
-        assert times.shape == (64,) and times[0] == 0.0
+        times = _eager(process, key, SMALL)
+        assert times.shape == (SMALL,) and times[0] == 0.0
         assert np.all(np.isfinite(times)) and np.all(np.diff(times) >= 0)
 
 
-@pytest.mark.parametrize(
-    "process",
-    [
-        MMPPArrivals(rate=0.1, burst_ratio=math.inf, mean_on=0.05, mean_off=0.05),  # switching >> arrivals
-        MMPPArrivals(rate=500.0, burst_ratio=1e6, mean_on=0.01, mean_off=100.0),  # rare, intense bursts
-        MMPPArrivals(rate=3.0, burst_ratio=1.0, mean_on=1.0, mean_off=1.0),  # degenerate: Poisson
-    ],
-)
-def test_mmpp_invariants_at_extremes(process: MMPPArrivals) -> None:
-    times = _sample(process, n=64)
-    assert times[0] == 0.0 and np.all(np.isfinite(times)) and np.all(np.diff(times) >= 0)
-
-
-def test_lognormal_median_bounds_and_mean() -> None:
-    dist = LogNormalLengths(median=300.0, sigma=1.2, max_tokens=2000, min_tokens=4)
-    x = _sample(dist, n=200_000)
+def test_lognormal_median_bounds_and_mean(draws: dict) -> None:
+    x = draws["lognormal"]
     assert x.dtype == np.int32 and x.min() >= 4 and x.max() <= 2000
-    assert np.median(x) == pytest.approx(300, abs=3)
-    assert x.mean() == pytest.approx(dist.mean, rel=0.01)
+    assert np.median(x) == pytest.approx(300, abs=5)
+    assert x.mean() == pytest.approx(PARTS["lognormal"][0].mean, rel=0.01)
 
 
-def test_zipf_pmf_bounds_and_mean() -> None:
-    dist = ZipfLengths(exponent=1.5, max_tokens=3000, min_tokens=2)
-    x = _sample(dist, n=200_000)
+def test_zipf_pmf_bounds_and_mean(draws: dict) -> None:
+    x = draws["zipf"]
     assert x.min() >= 2 and x.max() <= 3000
     harmonic = np.sum(np.arange(2, 3001) ** -1.5)
     assert np.mean(x == 2) == pytest.approx(2**-1.5 / harmonic, abs=0.005)
     assert np.mean(x == 3) == pytest.approx(3**-1.5 / harmonic, abs=0.005)
-    assert x.mean() == pytest.approx(dist.mean, rel=0.03)
+    assert x.mean() == pytest.approx(PARTS["zipf"][0].mean, rel=0.03)
 
 
-def test_empirical_lengths() -> None:
-    dist = EmpiricalLengths(np.array([3, 7, 7, 100]))
-    x = _sample(dist, n=40_000)
+def test_empirical_lengths(draws: dict) -> None:
+    x = draws["empirical"]
     assert set(np.unique(x)) == {3, 7, 100}
     assert np.mean(x == 7) == pytest.approx(0.5, abs=0.01)
-    assert dist.mean == 29.25
+    assert PARTS["empirical"][0].mean == 29.25
     with pytest.raises(ValueError):
         EmpiricalLengths((0, 5))
 
@@ -188,34 +218,9 @@ def test_empirical_lengths() -> None:
 )
 def test_lengths_stay_in_bounds(median: float, sigma: float, exponent: float, high: int, seed: int) -> None:
     for dist in (LogNormalLengths(median, sigma, high), ZipfLengths(exponent, high)):
-        x = _sample(dist, jax.random.PRNGKey(seed), 256)
+        x = _eager(dist, jax.random.PRNGKey(seed), SMALL)
         assert x.dtype == np.int32 and x.min() >= 1 and x.max() <= high
         assert 1 <= dist.mean <= high
-
-
-WORKLOADS = {  # arrival processes alone are jitted and vmapped in test_processes_jit_and_vmap_match_eager
-    "distributions": Workload(PoissonArrivals(3.0), LogNormalLengths(1000, 1.0, 8000), ZipfLengths(1.2, 500)),
-    "trace_prompts": Workload(TraceReplay(_toy_trace()), output=EmpiricalLengths((1, 2, 50))),
-}
-
-
-@pytest.mark.parametrize("name", sorted(WORKLOADS))
-def test_sample_is_deterministic_jittable_and_vmappable(name: str) -> None:
-    workload = WORKLOADS[name]
-    keys = jnp.stack([KEY, KEY, *jax.random.split(jax.random.PRNGKey(1), 6)])
-    batch = jax.jit(jax.vmap(workload.sample, in_axes=(0, None)), static_argnums=1)(keys, 300)
-    assert isinstance(batch, Requests)
-    assert batch.arrival.shape == batch.prompt.shape == batch.output.shape == (8, 300)
-    assert batch.arrival.dtype == jnp.result_type(float)
-    assert batch.prompt.dtype == batch.output.dtype == jnp.int32
-    assert int(batch.prompt.min()) >= 1 and int(batch.output.min()) >= 1
-    assert np.all(np.diff(batch.arrival, axis=1) >= 0)
-    with jax.disable_jit():
-        one = workload.sample(keys[5], 300)
-    for column, single in zip(batch, one, strict=True):
-        np.testing.assert_array_equal(column[0], column[1])  # same key, same stream
-        assert not np.array_equal(column[0], column[2])
-        np.testing.assert_allclose(column[5], single, rtol=1e-5)
 
 
 def test_workloads_hash_by_value() -> None:
@@ -233,16 +238,17 @@ def test_trace_lengths_need_trace_replay() -> None:
 
 
 def test_trace_replay_reproduces_gaps_and_pairs_with_wraparound() -> None:
-    trace = _toy_trace(size=50)
+    trace = _toy_trace(size=20)
     replay = TraceReplay(trace, rate=4.0)
     scale = replay.native_rate / 4.0
-    assert replay.native_rate == pytest.approx(49 / trace.arrival[-1])
-    gaps = np.append(np.diff(trace.arrival), trace.arrival[-1] / 49)
+    assert replay.native_rate == pytest.approx(19 / trace.arrival[-1])
+    gaps = np.append(np.diff(trace.arrival), trace.arrival[-1] / 19)
     for seed in range(5):
         key = jax.random.PRNGKey(seed)
-        requests = Workload(replay).sample(key, 120)  # wraps around more than twice
-        rows = np.asarray(replay.window(jax.random.split(key, 3)[0], 120))
-        assert rows[1] == (rows[0] + 1) % 50
+        with jax.disable_jit():
+            requests = Workload(replay).sample(key, SMALL)  # wraps around more than twice
+            rows = np.asarray(replay.window(jax.random.split(key, 3)[0], SMALL))
+        assert rows[1] == (rows[0] + 1) % 20
         np.testing.assert_array_equal(requests.prompt, trace.prompt[rows])
         np.testing.assert_array_equal(requests.output, trace.output[rows])
         np.testing.assert_allclose(np.diff(requests.arrival), gaps[rows[:-1]] * scale, rtol=1e-4, atol=1e-5)
