@@ -113,12 +113,12 @@ def _handle_events(
     nodes: NodeState,
     log: RequestLog,
     acc: Accrual,
+    tau: jax.Array,
     active: jax.Array,
     params: EnvParams,
     cfg: EnvConfig,
 ) -> tuple[Slots, NodeState, RequestLog, Accrual]:
-    """Handle the next event of every active node (docs/semantics.md, "Handling a node event")."""
-    tau = next_event(slots, nodes, params, cfg)
+    """Handle the next event (at `tau`, [N]) of every active node (docs/semantics.md, "Handling a node event")."""
     nodes, acc = accrue(slots, nodes, acc, tau, active, params)
     tau_s = tau[:, None]
 
@@ -181,20 +181,21 @@ def advance(
     finish every request at the end of an episode). Accrual is left at each node's last event.
     """
 
-    def active_nodes(carry):
-        s, n, _, _, _ = carry
+    def due(s: Slots, n: NodeState) -> tuple[jax.Array, jax.Array]:
+        tau = next_event(s, n, params, cfg)
         holds = (s.status != EMPTY).any(axis=1)
-        return (next_event(s, n, params, cfg) <= until) & (holds | ~drain)
+        return tau, (tau <= until) & (holds | ~drain)
 
     def cond(carry):
-        return active_nodes(carry).any() & (carry[4] < MAX_EVENTS_PER_ADVANCE)
+        return carry[5].any() & (carry[6] < MAX_EVENTS_PER_ADVANCE)
 
     def body(carry):
-        s, n, lg, a, count = carry
-        s, n, lg, a = _handle_events(s, n, lg, a, active_nodes(carry), params, cfg)
-        return s, n, lg, a, count + 1
+        s, n, lg, a, tau, active, count = carry
+        s, n, lg, a = _handle_events(s, n, lg, a, tau, active, params, cfg)
+        return (s, n, lg, a, *due(s, n), count + 1)
 
-    slots, nodes, log, acc, _ = jax.lax.while_loop(cond, body, (slots, nodes, log, acc, jnp.int32(0)))
+    init = (slots, nodes, log, acc, *due(slots, nodes), jnp.int32(0))
+    slots, nodes, log, acc, *_ = jax.lax.while_loop(cond, body, init)
     return slots, nodes, log, acc
 
 
