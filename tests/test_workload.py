@@ -53,10 +53,9 @@ PARTS = {  # name: (part, n), drawn by the `draws` fixture
     **{f"faster_{name}": (PROCESSES[name].with_rate(25.0), N) for name in ("poisson", "gamma", "trace")},
     **{f"gamma_cv{cv}": (GammaArrivals(rate=5.0, cv=cv), N) for cv in (0.5, 2.0, 4.0)},
     "diurnal_phase0": (DiurnalArrivals(PoissonArrivals(rate=10.0), amplitude=0.8, period=50.0, phase=0.0), N),
-    # MMPP extremes: switching much faster than arrivals; rare intense bursts; degenerate (Poisson)
+    # MMPP extremes: switching much faster than arrivals; rare intense bursts
     "mmpp_fast_switching": (MMPPArrivals(rate=0.1, burst_ratio=math.inf, mean_on=0.05, mean_off=0.05), SMALL),
     "mmpp_rare_bursts": (MMPPArrivals(rate=500.0, burst_ratio=1e6, mean_on=0.01, mean_off=100.0), SMALL),
-    "mmpp_flat": (MMPPArrivals(rate=3.0, burst_ratio=1.0, mean_on=1.0, mean_off=1.0), SMALL),
     "lognormal": (LogNormalLengths(median=300.0, sigma=1.2, max_tokens=2000, min_tokens=4), N),
     "zipf": (ZipfLengths(exponent=1.5, max_tokens=3000, min_tokens=2), N),
     "empirical": (EmpiricalLengths(np.array([3, 7, 7, 100])), N),
@@ -213,7 +212,7 @@ def test_empirical_lengths(draws: dict) -> None:
     median=st.floats(1.0, 5000.0),
     sigma=st.floats(0.01, 3.0),
     exponent=st.floats(0.3, 3.0),
-    high=st.integers(1, 5000),
+    high=st.sampled_from([1, 2, 100, 5000]),  # few table sizes: few compiled shapes
     seed=st.integers(0, 2**31 - 1),
 )
 def test_lengths_stay_in_bounds(median: float, sigma: float, exponent: float, high: int, seed: int) -> None:
