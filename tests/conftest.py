@@ -1,0 +1,99 @@
+"""Shared helpers for the tests of the JAX core: jitted episode rollouts cached per configuration,
+and an adapter from the core's `EnvParams` to the reference simulator's `RefNode`s.
+
+Compilation dominates the run time of these tests, so every jitted function is cached per
+(EnvConfig, x64 flag) and reused by every test and hypothesis example with that configuration.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from burstgym.env import BurstBalance
+from burstgym.latency import LatencyModel
+from burstgym.reference import RefNode
+from burstgym.types import EMPTY, RUNNING, WAITING, EnvConfig
+
+
+def ref_nodes(cfg: EnvConfig, params) -> list[RefNode]:
+    """The reference simulator's nodes with the same values as the core's `params.nodes`."""
+    p = params.nodes
+
+    def at(x, n):
+        return np.asarray(x)[n].item()
+
+    return [
+        RefNode(
+            scheduler=cfg.scheduler,
+            latency=LatencyModel(*(float(at(c, n)) for c in p.latency)),
+            speed=float(at(p.speed, n)),
+            max_num_seqs=int(at(p.max_num_seqs, n)),
+            max_num_batched_tokens=int(at(p.max_num_batched_tokens, n)),
+            block_size=int(at(p.block_size, n)),
+            kv_capacity_tokens=int(at(p.kv_blocks, n)) * int(at(p.block_size, n)),
+            max_batch_size=int(at(p.max_batch_size, n)),
+            max_queue_delay=float(at(p.max_queue_delay, n)),
+            queue_capacity=int(at(p.queue_capacity, n)),
+            busy_power_w=float(at(p.busy_power_w, n)),
+            idle_power_w=float(at(p.idle_power_w, n)),
+            sleep_power_w=float(at(p.sleep_power_w, n)),
+            sleep_timeout=float(at(p.sleep_timeout, n)),
+            wake_delay=float(at(p.wake_delay, n)),
+        )
+        for n in range(cfg.n_nodes)
+    ]
+
+
+def _kv_used(slots, block_size):
+    """[N] KV blocks held by running requests, recomputed here from the slot table."""
+    blocks = (slots.computed + block_size[:, None] - 1) // block_size[:, None]
+    return jnp.where(slots.status == RUNNING, blocks, 0).sum(axis=1)
+
+
+@functools.cache
+def rollout_fn(cfg: EnvConfig, x64: bool = False):
+    """A jitted `(key, params, actions[E]) -> (obs0, state0, final state, per-step trace)`.
+
+    One `lax.scan` over `step_env` runs a whole episode in one call. The trace holds, per step:
+    obs, reward, done, clock, node clocks, and the counts the invariants need (finished, in
+    flight, dropped, KV blocks used). `x64` is part of the cache key because a function traced
+    under `jax.enable_x64` has float64 shapes.
+    """
+    env = BurstBalance(cfg)
+
+    def run(key, params, actions):
+        obs0, st0 = env.reset(key, params)
+
+        def body(st, a):
+            obs, st, r, d, info = env.step_env(st, a, params)
+            slots = st.slots
+            out = {
+                "obs": obs,
+                "reward": r,
+                "done": d,
+                "time": st.time,
+                "last_time": st.nodes.last_time,
+                "finished": jnp.isfinite(st.log.finish).sum(),
+                "in_flight": (slots.status != EMPTY).sum(),
+                "waiting": (slots.status == WAITING).sum(axis=1),
+                "dropped": st.log.dropped.sum(),
+                "kv_used": _kv_used(slots, params.nodes.block_size),
+                "mask": info["action_mask"],
+            }
+            return st, out
+
+        st, trace = jax.lax.scan(body, st0, actions)
+        return obs0, st0, st, trace
+
+    return jax.jit(run)
+
+
+def rollout(cfg: EnvConfig, params, seed: int, actions, x64: bool = False):
+    """Run one episode with fixed actions; NumPy trace. Call inside `jax.enable_x64(x64)`."""
+    fn = rollout_fn(cfg, x64)
+    obs0, st0, st, trace = fn(jax.random.key(seed), params, jnp.asarray(actions, jnp.int32))
+    return obs0, st0, st, jax.tree.map(np.asarray, trace)
