@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from burstgym import scenarios
 from burstgym.env import BurstBalance
 from burstgym.latency import LatencyModel
 from burstgym.reference import RefNode
@@ -97,3 +98,16 @@ def rollout(cfg: EnvConfig, params, seed: int, actions, x64: bool = False):
     fn = rollout_fn(cfg, x64)
     obs0, st0, st, trace = fn(jax.random.key(seed), params, jnp.asarray(actions, jnp.int32))
     return obs0, st0, st, jax.tree.map(np.asarray, trace)
+
+
+# A small, overloaded cluster shared by the core and invariant tests (one compile per scheduler):
+# 4 nodes, 4 running / 6 waiting per node, 768 KV tokens, short requests.
+BASE = dict(n_nodes=4, episode_length=160, load=1.0, max_num_seqs=4, max_batch_size=4, queue_capacity=6,
+            kv_capacity_tokens=768, block_size=16, max_num_batched_tokens=256, prompt_median=64.0,
+            prompt_max=256, output_median=32.0, output_max=128)
+
+
+def base(scheduler: str = "continuous", **overrides):
+    """(cfg, params) of the shared small cluster for `scheduler` (float32 unless under x64)."""
+    name = "bursty" if scheduler == "continuous" else "bursty-dynamic"
+    return scenarios.make(name, **{**BASE, **overrides})

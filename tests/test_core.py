@@ -1,0 +1,126 @@
+"""Tests of the JAX core: queueing theory (M/D/1), determinism, no re-tracing, reward = objective."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import base, rollout, rollout_fn
+
+from burstgym import scenarios
+from burstgym.env import BurstBalance
+from burstgym.latency import LatencyModel
+from burstgym.reward import objective_from_log
+from burstgym.workload import EmpiricalLengths, PoissonArrivals, Workload
+
+
+def _md1(rate: float, service: float, episode_length: int):
+    """One node serving one request at a time in exactly `service` seconds, Poisson arrivals."""
+    cfg, params = scenarios.make("steady", n_nodes=1, episode_length=episode_length, max_num_seqs=1,
+                                 queue_capacity=96, prompt_max=64, output_max=64)
+    workload = Workload(PoissonArrivals(rate), EmpiricalLengths((32,)), EmpiricalLengths((1,)))
+    cfg = dataclasses.replace(cfg, workload=workload)
+    n = params.nodes
+    # step_time = overhead_s exactly: every other coefficient 0, linear layers max(0, 0) with p = 1.
+    zero = {f: jnp.zeros_like(n.speed) for f in LatencyModel._fields}
+    lat = LatencyModel(**{**zero, "overhead_s": jnp.full_like(n.speed, service),
+                          "knee_p": jnp.ones_like(n.speed), "tile_tokens": jnp.ones_like(n.speed)})
+    return cfg, params._replace(nodes=n._replace(latency=lat, speed=jnp.ones_like(n.speed)))
+
+
+def test_md1_mean_wait() -> None:
+    """Mean queueing delay of an M/D/1 queue: Wq = rho / (2 mu (1 - rho)), within 5%.
+
+    512 independent clusters (vmap) of 400 arrivals at rho = 0.5; the first 100 requests of each
+    episode are discarded (the queue starts empty). Wait = end-to-end latency - service time,
+    since every request has one output token and runs alone.
+    """
+    service, rho, e, warm = 1.0, 0.5, 400, 100
+    cfg, params = _md1(rho / service, service, e)
+    run = jax.jit(jax.vmap(rollout_fn(cfg), in_axes=(0, None, None)))
+    keys = jax.random.split(jax.random.key(0), 512)
+    _, st0, st, _ = run(keys, params, jnp.zeros(e, jnp.int32))
+    assert not np.asarray(st.log.dropped).any()
+    e2e = np.asarray(st.log.finish - st0.requests.arrival, np.float64)[:, warm:]
+    ttft = np.asarray(st.log.first_token - st0.requests.arrival, np.float64)[:, warm:]
+    np.testing.assert_allclose(e2e, ttft)
+    assert e2e.min() >= service * (1 - 1e-3)  # float32 clock: ~1e-4 s rounding at t ~ 800 s
+    wq = e2e.mean() - service
+    print(f"M/D/1: Wq measured {wq:.4f}, theory {rho / (2 * (1 - rho) / service):.4f}")
+    mu = 1.0 / service
+    expected = rho / (2 * mu * (1 - rho))
+    assert wq == pytest.approx(expected, rel=0.05), (wq, expected)
+
+
+@pytest.fixture(scope="module")
+def small():
+    cfg, params = base("continuous")
+    return cfg, params
+
+
+def _episode(cfg, params, seed, actions):
+    obs0, _, st, trace = rollout(cfg, params, seed, actions)
+    return obs0, jax.tree.map(np.asarray, st.log), trace
+
+
+def test_same_seed_same_trajectory(small) -> None:
+    """Same seed and actions: bit-identical observations, rewards and log; another seed differs."""
+    cfg, params = small
+    actions = np.random.default_rng(0).integers(0, cfg.n_nodes, cfg.episode_length)
+    a, b, c = (_episode(cfg, params, s, actions) for s in (1, 1, 2))
+    np.testing.assert_array_equal(a[0], b[0])
+    for k in ("obs", "reward", "done", "time"):
+        np.testing.assert_array_equal(a[2][k], b[2][k])
+    for x, y in zip(a[1], b[1], strict=True):
+        np.testing.assert_array_equal(x, y)
+    assert not np.array_equal(a[2]["obs"], c[2]["obs"])
+    assert not np.array_equal(a[2]["reward"], c[2]["reward"])
+
+
+def test_step_not_retraced() -> None:
+    """The jitted step is traced once, then reused for every step of an episode and the next."""
+    cfg, params = _md1(0.5, 0.1, 24)
+    env = BurstBalance(cfg)
+    traces = []
+
+    def counted(state, action, params):
+        traces.append(1)  # runs only while tracing
+        return env.step_env(state, action, params)
+
+    step = jax.jit(counted)
+    reset = jax.jit(env.reset)
+    for episode in range(2):
+        _, state = reset(jax.random.key(episode), params)
+        for _ in range(cfg.episode_length):
+            _, state, _, done, _ = step(state, jnp.int32(0), params)
+        assert bool(done)
+        assert len(traces) == 1, f"re-traced in episode {episode}"
+
+
+def test_latency_rewards_sum_to_objective(small) -> None:
+    """Latency objective with energy and drops: -sum(rewards) * scale == objective from the log."""
+    cfg, params = small
+    params = params._replace(energy_weight=jnp.asarray(1e-3, params.energy_weight.dtype))
+    actions = np.random.default_rng(1).choice(cfg.n_nodes, cfg.episode_length, p=[0.7, 0.1, 0.1, 0.1])
+    _, st0, st, trace = rollout(cfg, params, 5, actions)
+    assert int(st.log.dropped.sum()) > 0 and float(st.nodes.energy_j.sum()) > 0
+    objective = float(objective_from_log(st0.requests, st.log, st.nodes.energy_j, "latency", params))
+    energy_part = 1e-3 * float(st.nodes.energy_j.sum())
+    assert energy_part > 0.01 * objective  # the energy term matters at this tolerance
+    got = -trace["reward"].astype(np.float64).sum() * float(params.reward_scale)
+    assert got == pytest.approx(objective, rel=1e-4)
+
+
+def test_slo_rewards_sum_to_goodput() -> None:
+    """SLO objective: rewards sum to (goodput - drop_penalty * drops) / scale, from the log."""
+    cfg, params = base("continuous", objective="slo", ttft_slo=0.5, tpot_slo=0.05)
+    actions = np.random.default_rng(2).choice(cfg.n_nodes, cfg.episode_length, p=[0.7, 0.1, 0.1, 0.1])
+    _, st0, st, trace = rollout(cfg, params, 6, actions)
+    value = float(objective_from_log(st0.requests, st.log, st.nodes.energy_j, "slo", params))
+    drops = int(st.log.dropped.sum())
+    assert drops > 0 and value + float(params.drop_penalty) * drops > 0  # some requests met their SLO
+    got = trace["reward"].astype(np.float64).sum() * float(params.reward_scale)
+    assert got == pytest.approx(value, rel=1e-5, abs=1e-3)
