@@ -1,0 +1,69 @@
+"""Stable-Baselines3 learners (PPO by default, A2C, DQN, and MaskablePPO from sb3-contrib, which
+uses the environment's action mask) and a wrapper that routes with a trained model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from sb3_contrib import MaskablePPO
+from stable_baselines3 import A2C, DQN, PPO
+from stable_baselines3.common.base_class import BaseAlgorithm
+
+from agents.hyperparams import hyperparams
+
+ALGOS: dict[str, type[BaseAlgorithm]] = {"ppo": PPO, "a2c": A2C, "dqn": DQN, "maskable-ppo": MaskablePPO}
+
+
+def check_algo(algo: str) -> None:
+    """Refuse an unknown algorithm name with the valid ones listed."""
+    if algo not in ALGOS:
+        raise ValueError(f"unknown algorithm {algo!r}; valid algorithms: {', '.join(ALGOS)}")
+
+
+def make_model(
+    algo: str,
+    env,
+    scenario: str,
+    seed: int,
+    tensorboard_log: str | None,
+    overrides: dict[str, Any] | None = None,
+) -> BaseAlgorithm:
+    """A fresh `algo` model on `env` with the hyperparameters of `scenario` (and `overrides`)."""
+    check_algo(algo)
+    kwargs = {**hyperparams(algo, scenario), **(overrides or {})}
+    if algo in ("ppo", "maskable-ppo"):
+        # A batch larger than one rollout would make SB3 warn and truncate it.
+        kwargs["batch_size"] = min(kwargs["batch_size"], kwargs["n_steps"] * env.num_envs)
+    return ALGOS[algo](
+        "MlpPolicy", env, seed=seed, tensorboard_log=tensorboard_log, verbose=0, device="cpu", **kwargs
+    )
+
+
+def load_model(path: str | Path, algo: str, env=None) -> BaseAlgorithm:
+    """Load a saved model of `algo` (a clear error if the file is missing)."""
+    check_algo(algo)
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint {str(path)!r} does not exist")
+    return ALGOS[algo].load(path, env=env, device="cpu")
+
+
+class PolicyRouter:
+    """A trained model as a router with the heuristics' interface (deterministic actions)."""
+
+    balancing = False
+
+    def __init__(self, model: BaseAlgorithm, name: str = "learned"):
+        self.model = model
+        self.name = name
+        self.masked = isinstance(model, MaskablePPO)
+
+    def reset(self, n_envs: int) -> None:
+        """Nothing to reset: the policy is a function of the observation."""
+
+    def __call__(self, obs: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
+        kwargs = {"action_masks": mask} if self.masked and mask is not None else {}
+        actions, _ = self.model.predict(np.asarray(obs, dtype=np.float32), deterministic=True, **kwargs)
+        return np.asarray(actions, dtype=np.int64)

@@ -1,0 +1,126 @@
+"""A Stable-Baselines3 `VecEnv` fed straight from the batched JAX core (`BurstBalanceVectorEnv`).
+
+One jitted call steps every cluster; the only per-environment Python work is the list of info
+dicts SB3 requires. Finished episodes carry `terminal_observation`, Monitor-style `episode`
+statistics ({"r": return, "l": length, "t": seconds since creation}) and the serving `metrics`
+of `burstgym.metrics` (scalars; `load_share` as a list).
+
+An episode ends once every request was served or dropped, so its rewards already sum to minus
+the whole objective: nothing is left to bootstrap, and the end is reported as a termination
+(`TimeLimit.truncated` False) even though the Gymnasium face calls it a truncation.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from stable_baselines3.common.vec_env.base_vec_env import VecEnv, VecEnvIndices, VecEnvStepReturn
+
+from burstgym.gym_env import BurstBalanceVectorEnv
+
+
+class JaxVecEnv(VecEnv):
+    """`num_envs` BurstBalance clusters of `scenario` (with `settings` overrides) as an SB3 VecEnv.
+
+    :param num_envs: clusters stepped together.
+    :param scenario: a name from `burstgym.scenarios.SCENARIOS`.
+    :param seed: seed of the first reset (later resets happen inside jit).
+    :param settings: `burstgym.scenarios.Settings` overrides.
+    """
+
+    render_mode = None
+
+    def __init__(self, num_envs: int, scenario: str = "bursty", seed: int | None = None, **settings: Any):
+        self.venv = BurstBalanceVectorEnv(num_envs, scenario, **settings)
+        super().__init__(num_envs, self.venv.single_observation_space, self.venv.single_action_space)
+        self.scenario = scenario
+        self.settings = settings
+        self._seeds = [seed] + [None] * (num_envs - 1)
+        self._actions: np.ndarray | None = None
+        self._mask = np.ones((num_envs, self.venv.cfg.n_nodes), dtype=bool)
+        self._returns = np.zeros(num_envs)
+        self._lengths = np.zeros(num_envs, dtype=np.int64)
+        self._t0 = time.time()
+
+    @property
+    def n_nodes(self) -> int:
+        """Nodes in each cluster."""
+        return self.venv.cfg.n_nodes
+
+    def reset(self) -> np.ndarray:
+        obs, info = self.venv.reset(seed=self._seeds[0])
+        self._reset_seeds()
+        self._mask = info["action_mask"]
+        self._returns[:] = 0.0
+        self._lengths[:] = 0
+        self.reset_infos = [{"action_mask": m} for m in self._mask]
+        return np.array(obs)  # a writable copy: torch refuses read-only arrays
+
+    def step_async(self, actions: np.ndarray) -> None:
+        self._actions = np.asarray(actions).reshape(self.num_envs).astype(np.int64)
+
+    def step_wait(self) -> VecEnvStepReturn:
+        obs, reward, _, done, info = self.venv.step(self._actions)
+        self._mask = info["action_mask"]
+        self._returns += reward
+        self._lengths += 1
+        infos: list[dict[str, Any]] = [{} for _ in range(self.num_envs)]
+        if done.any():
+            metrics = info["final_info"]["metrics"]
+            elapsed = round(time.time() - self._t0, 6)
+            for i in np.flatnonzero(done):
+                infos[i] = {
+                    "terminal_observation": info["final_obs"][i],
+                    "TimeLimit.truncated": False,
+                    "episode": {"r": float(self._returns[i]), "l": int(self._lengths[i]), "t": elapsed},
+                    "metrics": {k: v[i].tolist() if v.ndim > 1 else float(v[i]) for k, v in metrics.items()},
+                }
+            self._returns[done] = 0.0
+            self._lengths[done] = 0
+        return np.array(obs), reward.astype(np.float32), done, infos
+
+    def action_masks(self) -> np.ndarray:
+        """[num_envs, n_nodes] bool: nodes that would accept each cluster's next request."""
+        return self._mask.copy()
+
+    def close(self) -> None:
+        self.venv.close()
+
+    def _indices(self, indices: VecEnvIndices) -> Sequence[int]:
+        if indices is None:
+            return range(self.num_envs)
+        if isinstance(indices, int):
+            return [indices]
+        return list(indices)
+
+    def get_attr(self, attr_name: str, indices: VecEnvIndices = None) -> list[Any]:
+        value = (
+            getattr(self, attr_name)
+            if attr_name in ("render_mode", "scenario", "settings")
+            else getattr(self.venv, attr_name)
+        )
+        return [value for _ in self._indices(indices)]
+
+    def set_attr(self, attr_name: str, value: Any, indices: VecEnvIndices = None) -> None:
+        setattr(self.venv, attr_name, value)
+
+    def env_method(self, method_name: str, *method_args, indices: VecEnvIndices = None, **kwargs) -> list:
+        idx = self._indices(indices)
+        if method_name == "action_masks":
+            return [self._mask[i].copy() for i in idx]
+        raise AttributeError(f"JaxVecEnv has no per-environment method {method_name!r}")
+
+    def env_is_wrapped(self, wrapper_class: type[gym.Wrapper], indices: VecEnvIndices = None) -> list[bool]:
+        return [False for _ in self._indices(indices)]
+
+    def seed(self, seed: int | None = None) -> Sequence[None | int]:
+        """Seed the next reset (the clusters' keys are split from this one seed)."""
+        self._seeds = [seed] + [None] * (self.num_envs - 1)
+        return [None if seed is None else seed + i for i in range(self.num_envs)]
+
+    def get_images(self) -> Iterable[np.ndarray]:
+        return []

@@ -1,0 +1,428 @@
+"""Evaluate routers: trained checkpoints and every heuristic, on scenarios or trace files, over
+seeded episodes shared by all routers (common random numbers).
+
+    python evaluate.py              # the default train.py model vs every heuristic on "bursty"
+    python evaluate.py --scenarios steady bursty bursty-dynamic energy overload --seeds 10
+    python evaluate.py --trace path/to/AzureLLMInferenceTrace_code.csv --load 0.7
+    python evaluate.py --model runs/bursty-dynamic-ppo-seed1/model.zip --regime-grid large
+
+The objective is minus the episode's summed rewards times `reward_scale` (for the default latency
+objective: total end-to-end latency + drop penalty + energy term, in seconds; lower is better).
+Every metric is reported as a mean over seeds with a 95% Student-t confidence interval; the
+change against round-robin is also given as a paired difference over the same seeds, the fair
+comparison. Writes into `--out` (default `results/`), only once everything has been computed:
+`results.md`, `results.csv`, `results.json`, `latency_cdf_<scenario>.png`,
+`load_share_<scenario>.png`, `regime_map.png` and `regime_map.csv`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+import matplotlib  # noqa: E402
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import torch  # noqa: E402
+from rich.console import Console  # noqa: E402
+from tqdm import tqdm  # noqa: E402
+
+from agents.heuristics import ROUTERS, ClusterLimits, make_router  # noqa: E402
+from agents.learners import PolicyRouter, check_algo, load_model  # noqa: E402
+from agents.rollout import Episodes, Rollout, ci95  # noqa: E402
+from burstgym import scenarios  # noqa: E402
+from burstgym.observation import obs_size  # noqa: E402
+
+DEFAULT_MODEL = Path("runs/bursty-ppo-seed0/model.zip")
+BASELINE = "round-robin"
+METRICS = (
+    "e2e_mean",
+    "e2e_p50",
+    "e2e_p99",
+    "ttft_p50",
+    "ttft_p99",
+    "tpot_p50",
+    "slo_attainment",
+    "drop_rate",
+    "energy_per_request_j",
+    "skew_index",
+)
+BALANCING = ("round-robin", "jsq")
+SKEWING = ("weighted-skew", "pack-load", "soonest-batch")
+GRIDS = {  # arrival scenario (burstiness) x load x batching regime
+    "small": {"arrivals": ("steady", "bursty"), "loads": (0.3, 0.7), "schedulers": ("continuous", "dynamic")},
+    "large": {
+        "arrivals": ("steady", "bursty"),
+        "loads": (0.2, 0.4, 0.6, 0.8, 1.0),
+        "schedulers": ("continuous", "dynamic"),
+    },
+}
+console = Console()
+
+
+def parse_settings(pairs: list[str]) -> dict[str, Any]:
+    """`key=value` scenario overrides; values parsed as JSON when they can be."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise ValueError(f"--set expects key=value, got {pair!r}")
+        key, value = pair.split("=", 1)
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
+def paired(x: np.ndarray, base: np.ndarray) -> tuple[float, float, float]:
+    """Mean paired difference x - base, its 95% CI half-width, and the difference in % of base."""
+    d, half = ci95(x - base)
+    return d, half, 100.0 * d / float(np.mean(base))
+
+
+def scenario_rows(scenario: str, results: dict[str, Episodes]) -> list[dict[str, Any]]:
+    """One table row per router: metrics with CIs and the paired change against round-robin."""
+    base = results[BASELINE].cost
+    rows = []
+    for name, ep in results.items():
+        mean, half = ci95(ep.cost)
+        d, dhalf, pct = paired(ep.cost, base)
+        row: dict[str, Any] = {
+            "scenario": scenario,
+            "router": name,
+            "objective": mean,
+            "objective_ci": half,
+            "vs_rr": d,
+            "vs_rr_ci": dhalf,
+            "vs_rr_pct": pct,
+            "seeds": int(ep.cost.size),
+        }
+        for m in METRICS:
+            row[m], row[f"{m}_ci"] = ci95(ep.metrics[m])
+        row["load_share"] = np.mean(ep.metrics["load_share"], axis=0).round(4).tolist()
+        rows.append(row)
+    return rows
+
+
+def summary(scenario: str, results: dict[str, Episodes], learned: str | None) -> str:
+    """Which router wins the scenario and by how much; how the learned router fares."""
+    means = {n: float(ep.cost.mean()) for n, ep in results.items()}
+    best = min(means, key=means.get)
+    base = results[BASELINE].cost
+    d, half, pct = paired(results[best].cost, base)
+    ci = 100 * half / base.mean()
+    text = f"{scenario}: best is {best} ({pct:+.2f}% objective vs round-robin, paired 95% CI ±{ci:.2f}%)"
+    if learned is not None:
+        lc = results[learned].cost
+        d, half, pct = paired(lc, base)
+        verdict = (
+            "better than" if d + half < 0 else "worse than" if d - half > 0 else "not distinguishable from"
+        )
+        text += f"; {learned} is {verdict} round-robin ({pct:+.2f}% ± {100 * half / base.mean():.2f}%)"
+        heur = {n: m for n, m in means.items() if n != learned}
+        top = min(heur, key=heur.get)
+        d, half, pct = paired(lc, results[top].cost)
+        lm, lh = ci95(lc)
+        tm, th = ci95(results[top].cost)
+        overlap = "overlap" if abs(lm - tm) <= lh + th else "do not overlap"
+        verdict = "beats" if d + half < 0 else "loses to" if d - half > 0 else "ties with"
+        text += (
+            f"; it {verdict} the best heuristic {top} ({pct:+.2f}%, paired CI ±"
+            f"{100 * half / results[top].cost.mean():.2f}%; unpaired 95% CIs {overlap})"
+        )
+    return text
+
+
+def plot_cdf(path: Path, scenario: str, results: dict[str, Episodes]) -> None:
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name, ep in results.items():
+        x = np.sort(ep.e2e[np.isfinite(ep.e2e)])
+        ax.plot(x, np.arange(1, x.size + 1) / max(x.size, 1), label=name, lw=1.4)
+    ax.set_xscale("log")
+    ax.set_xlabel("end-to-end latency (s), served requests of all seeds")
+    ax.set_ylabel("fraction of requests")
+    ax.set_title(f"Latency CDF per router: {scenario}")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_share(path: Path, scenario: str, results: dict[str, Episodes]) -> None:
+    names = list(results)
+    share = np.array([np.mean(results[n].metrics["load_share"], axis=0) for n in names])
+    fig, ax = plt.subplots(figsize=(max(7, len(names) * 0.9), 4.5))
+    width = 0.8 / share.shape[1]
+    for node in range(share.shape[1]):
+        ax.bar(np.arange(len(names)) + node * width, share[:, node], width, label=f"node {node}")
+    ax.axhline(1 / share.shape[1], color="k", lw=0.8, ls="--")
+    ax.set_xticks(np.arange(len(names)) + 0.4 - width / 2, names, rotation=30, ha="right")
+    ax.set_ylabel("share of routed requests")
+    ax.set_title(f"Load share per node: {scenario}")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def regime_map(
+    grid: dict, settings: dict[str, Any], seeds: list[int], learned: PolicyRouter | None
+) -> pd.DataFrame:
+    """Best skew-taking router against best balancing router in each cell of the grid."""
+    rows = []
+    cells = [(a, load, s) for s in grid["schedulers"] for a in grid["arrivals"] for load in grid["loads"]]
+    for arrivals, load, scheduler in tqdm(cells, desc="regime map", unit="cell"):
+        cell = {**settings, "load": load, "scheduler": scheduler}
+        limits = ClusterLimits.of(arrivals, **cell)
+        routers = [make_router(n, limits) for n in BALANCING + SKEWING]
+        if learned is not None:
+            routers.append(learned)
+        res = Rollout(arrivals, **cell).run(routers, seeds)
+        bal = min(BALANCING, key=lambda n: res[n].cost.mean())
+        skew_names = [r.name for r in routers if r.name not in BALANCING]
+        skew = min(skew_names, key=lambda n: res[n].cost.mean())
+        d, half, pct = paired(res[skew].cost, res[bal].cost)
+        row = {
+            "arrivals": arrivals,
+            "load": load,
+            "scheduler": scheduler,
+            "best_balancing": bal,
+            "best_skew": skew,
+            "skew_vs_balancing_pct": pct,
+            "ci_pct": 100 * half / res[bal].cost.mean(),
+            "significant": bool(abs(d) > half),
+        }
+        for n, ep in res.items():
+            row[f"objective[{n}]"] = float(ep.cost.mean())
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def plot_regime(path: Path, df: pd.DataFrame) -> None:
+    schedulers = list(dict.fromkeys(df["scheduler"]))
+    fig, axes = plt.subplots(1, len(schedulers), figsize=(5.5 * len(schedulers), 3.8), squeeze=False)
+    lim = max(1.0, float(np.nanmax(np.abs(df["skew_vs_balancing_pct"]))))
+    for ax, sched in zip(axes[0], schedulers, strict=True):
+        sub = df[df["scheduler"] == sched]
+        arrivals = list(dict.fromkeys(sub["arrivals"]))
+        loads = sorted(set(sub["load"]))
+        z = np.full((len(arrivals), len(loads)), np.nan)
+        for _, r in sub.iterrows():
+            i, j = arrivals.index(r["arrivals"]), loads.index(r["load"])
+            z[i, j] = r["skew_vs_balancing_pct"]
+            star = "*" if r["significant"] else ""
+            ax.text(
+                j,
+                i,
+                f"{r['best_skew']}\n{r['skew_vs_balancing_pct']:+.1f}%{star}",
+                ha="center",
+                va="center",
+                fontsize=7,
+            )
+        im = ax.imshow(z, cmap="RdBu_r", vmin=-lim, vmax=lim, aspect="auto")
+        ax.set_xticks(range(len(loads)), [f"{v:g}" for v in loads])
+        ax.set_yticks(range(len(arrivals)), arrivals)
+        ax.set_xlabel("load (fraction of capacity)")
+        ax.set_title(f"{sched} batching")
+    fig.colorbar(
+        im, ax=axes[0].tolist(), label="best skew-taking vs best balancing router: objective change (%)"
+    )
+    fig.suptitle("Blue: skew pays; red: skew hurts; * paired 95% CI excludes 0", fontsize=9)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+
+
+def markdown(df: pd.DataFrame, lines: list[str]) -> str:
+    def fmt(m: float, h: float, digits: int = 3) -> str:
+        return f"{m:.{digits}f} ± {h:.{digits}f}" if np.isfinite(h) else f"{m:.{digits}f}"
+
+    out = [
+        "# Router evaluation",
+        "",
+        "Mean ± 95% CI over seeds (common random numbers across routers). "
+        "Objective: total latency + drop penalty + energy term (s), lower is better; "
+        "Δ vs RR: paired difference against round-robin.",
+        "",
+    ]
+    for scenario, sub in df.groupby("scenario", sort=False):
+        out += [
+            f"## {scenario}",
+            "",
+            "| router | objective | Δ vs RR (paired) | e2e p50 (s) | e2e p99 (s) | TTFT p99 (s) | SLO att. "
+            "| drop rate | J/request | skew |",
+            "|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for _, r in sub.iterrows():
+            cells = [
+                r["router"],
+                fmt(r["objective"], r["objective_ci"], 1),
+                f"{r['vs_rr_pct']:+.2f}% ({fmt(r['vs_rr'], r['vs_rr_ci'], 1)})",
+                *(
+                    fmt(r[m], r[f"{m}_ci"])
+                    for m in ("e2e_p50", "e2e_p99", "ttft_p99", "slo_attainment", "drop_rate")
+                ),
+                fmt(r["energy_per_request_j"], r["energy_per_request_j_ci"], 1),
+                fmt(r["skew_index"], r["skew_index_ci"]),
+            ]
+            out.append("| " + " | ".join(cells) + " |")
+        out.append("")
+    out += ["## Summary", ""] + [f"- {line}" for line in lines] + [""]
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument(
+        "--scenarios",
+        nargs="+",
+        default=None,
+        help=f"default: bursty; any of {', '.join(scenarios.SCENARIOS)}",
+    )
+    p.add_argument("--trace", action="append", default=[], help="trace file to replay (repeatable)")
+    p.add_argument("--load", type=float, default=None, help="override every scenario's load")
+    p.add_argument("--routers", nargs="+", default=list(ROUTERS), help=f"heuristics: {', '.join(ROUTERS)}")
+    p.add_argument(
+        "--model", default=None, help=f"trained model .zip (default: {DEFAULT_MODEL} if it exists)"
+    )
+    p.add_argument("--algo", default=None, help="algorithm of --model (default: from its config.json)")
+    p.add_argument("--no-model", action="store_true", help="heuristics only")
+    p.add_argument(
+        "--seeds", type=int, default=10, help="episodes per router and scenario (>= 5 for the table)"
+    )
+    p.add_argument("--seed-base", type=int, default=10_000, help="first seed (training uses other seeds)")
+    p.add_argument("--episode-length", type=int, default=None, help="default: the model's, else 256")
+    p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="other scenario settings")
+    p.add_argument("--regime-grid", choices=("none", *GRIDS), default="small")
+    p.add_argument("--regime-seeds", type=int, default=5)
+    p.add_argument("--regime-episode-length", type=int, default=128)
+    p.add_argument("--out", default="results")
+    args = p.parse_args(argv)
+    try:
+        return evaluate(args)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"evaluate.py: error: {e}", file=sys.stderr)
+        return 2
+
+
+def evaluate(args: argparse.Namespace) -> int:
+    """Evaluate as `args` say; returns the exit status."""
+    torch.set_num_threads(1)
+    if args.seeds < 2:
+        raise ValueError("--seeds must be at least 2 for confidence intervals")
+    for name in args.routers:
+        if name not in ROUTERS:
+            raise ValueError(f"unknown router {name!r}; valid routers: {', '.join(ROUTERS)}")
+    routers = list(dict.fromkeys([BASELINE, *args.routers]))
+
+    model_path = None if args.no_model else Path(args.model) if args.model else DEFAULT_MODEL
+    config: dict[str, Any] = {}
+    if model_path is not None and not model_path.is_file():
+        if args.model:
+            raise FileNotFoundError(f"checkpoint {args.model!r} does not exist")
+        console.print(
+            f"[yellow]no trained model at {DEFAULT_MODEL} (run `python train.py`); heuristics only[/]"
+        )
+        model_path = None
+    if model_path is not None and (model_path.parent / "config.json").is_file():
+        config = json.loads((model_path.parent / "config.json").read_text())
+    algo = args.algo or config.get("algo", "ppo")
+    check_algo(algo)
+
+    settings = {k: v for k, v in config.get("settings", {}).items() if k in ("episode_length", "n_nodes")}
+    settings.setdefault("episode_length", 256)
+    if args.episode_length is not None:
+        settings["episode_length"] = args.episode_length
+    settings.update(parse_settings(args.set))
+    if args.load is not None:
+        settings["load"] = args.load
+    jobs = [(name, name, dict(settings)) for name in (args.scenarios or ([] if args.trace else ["bursty"]))]
+    jobs += [(f"trace:{Path(t).name}", "trace", {**settings, "trace": t}) for t in args.trace]
+    n_nodes = set()
+    for _, name, s in jobs:  # refuse bad scenarios, settings and traces before running anything
+        cfg, _ = scenarios.make(name, **s)
+        n_nodes.add(cfg.n_nodes)
+    learned = None
+    if model_path is not None:
+        model = load_model(model_path, algo)
+        learned = PolicyRouter(model, f"learned-{algo}")
+        expected = model.observation_space.shape
+        for n in n_nodes:
+            if (obs_size(n),) != expected:
+                raise ValueError(
+                    f"model {model_path} expects observations of shape {expected}; a scenario has {n} nodes"
+                )
+
+    seeds = list(range(args.seed_base, args.seed_base + args.seeds))
+    rows, lines, all_results = [], [], {}
+    for label, name, s in jobs:
+        limits = ClusterLimits.of(name, **s)
+        batch = [make_router(r, limits) for r in routers] + ([learned] if learned else [])
+        rollout = Rollout(name, **s)
+        with tqdm(
+            total=rollout.cfg.episode_length,
+            desc=f"{label}: {len(batch)} routers x {len(seeds)} seeds",
+            unit="step",
+        ) as bar:
+            res = rollout.run(batch, seeds, progress=lambda k: bar.update(1))
+        all_results[label] = res
+        rows += scenario_rows(label, res)
+        lines.append(summary(label, res, learned.name if learned else None))
+        console.print(lines[-1])
+
+    regime = None
+    if args.regime_grid != "none":
+        grid_settings = {
+            **{k: v for k, v in settings.items() if k not in ("load", "scheduler")},
+            "episode_length": args.regime_episode_length,
+        }
+        rseeds = list(range(args.seed_base, args.seed_base + args.regime_seeds))
+        regime = regime_map(GRIDS[args.regime_grid], grid_settings, rseeds, learned)
+
+    df = pd.DataFrame(rows)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".partial-", dir=out))
+    try:
+        for label, res in all_results.items():
+            safe = label.replace(":", "_").replace("/", "_")
+            plot_cdf(tmp / f"latency_cdf_{safe}.png", label, res)
+            plot_share(tmp / f"load_share_{safe}.png", label, res)
+        if regime is not None:
+            regime.to_csv(tmp / "regime_map.csv", index=False)
+            plot_regime(tmp / "regime_map.png", regime)
+        df.drop(columns=["load_share"]).to_csv(tmp / "results.csv", index=False)
+        (tmp / "results.md").write_text(markdown(df, lines))
+        meta = {
+            "complete": True,
+            "seeds": seeds,
+            "settings": settings,
+            "model": str(model_path) if model_path else None,
+            "algo": algo if model_path else None,
+            "summary": lines,
+            "rows": rows,
+            "regime_map": regime.to_dict(orient="records") if regime is not None else None,
+        }
+        (tmp / "results.json").write_text(json.dumps(meta, indent=2, default=float))
+        for f in tmp.iterdir():
+            os.replace(f, out / f.name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    console.print(markdown(df, lines))
+    console.print(f"wrote {out}/results.md, results.csv, results.json and plots")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
