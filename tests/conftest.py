@@ -81,6 +81,7 @@ def rollout_fn(cfg: EnvConfig, x64: bool = False):
                 "finished": jnp.isfinite(st.log.finish).sum(),
                 "in_flight": (slots.status != EMPTY).sum(),
                 "waiting": (slots.status == WAITING).sum(axis=1),
+                "running": (slots.status == RUNNING).sum(axis=1),
                 "dropped": st.log.dropped.sum(),
                 "kv_used": _kv_used(slots, params.nodes.block_size),
                 "mask": info["action_mask"],
