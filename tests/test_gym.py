@@ -1,0 +1,143 @@
+"""The Gymnasium face: env checkers, the native vector env with same-step auto-reset, input errors,
+and the action mask. Every environment here shares one scenario configuration (one compile)."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from gymnasium.utils.env_checker import check_env as gym_check_env
+from stable_baselines3.common.env_checker import check_env as sb3_check_env
+
+import burstgym  # noqa: F401  (registers BurstBalance-v0)
+from burstgym import scenarios
+
+# bursty, 4 nodes, short episodes; 2 running / 2 waiting per node so that queues fill up.
+GYM = dict(scenario="bursty", n_nodes=4, episode_length=24, max_num_seqs=2, queue_capacity=2, load=1.5)
+
+
+def test_env_checkers() -> None:
+    """Gymnasium's and Stable-Baselines3's env checkers accept the single-cluster env."""
+    env = gym.make("BurstBalance-v0", **GYM)
+    gym_check_env(env.unwrapped, skip_render_check=True)
+    sb3_check_env(env.unwrapped, warn=True)
+    env.close()
+
+
+def test_episode_ends_with_metrics() -> None:
+    """An episode lasts episode_length steps; the last is a truncation carrying the serving metrics."""
+    env = gym.make("BurstBalance-v0", **GYM)
+    obs, info = env.reset(seed=0)
+    assert env.observation_space.contains(obs)
+    for k in range(GYM["episode_length"]):
+        obs, reward, terminated, truncated, info = env.step(k % GYM["n_nodes"])
+        assert np.isfinite(reward) and not terminated
+        assert truncated == (k == GYM["episode_length"] - 1)
+    m = info["metrics"]
+    assert m["requests"] == GYM["episode_length"] and m["served"] + m["drops"] == m["requests"]
+
+
+def test_vector_env_same_step_autoreset() -> None:
+    """The native vector env steps 8 clusters and resets finished ones in the same step, handing
+    back the last observation and the episode's metrics in final_obs / final_info."""
+    envs = gym.make_vec("BurstBalance-v0", num_envs=8, vectorization_mode="vector_entry_point", **GYM)
+    assert envs.metadata["autoreset_mode"] == gym.vector.AutoresetMode.SAME_STEP
+    obs, info = envs.reset(seed=1)
+    assert obs.shape == (8, *envs.single_observation_space.shape) and envs.observation_space.contains(obs)
+    rng = np.random.default_rng(0)
+    for k in range(GYM["episode_length"]):
+        obs, reward, terminated, truncated, info = envs.step(rng.integers(0, GYM["n_nodes"], 8))
+        assert reward.shape == (8,) and np.isfinite(reward).all() and not terminated.any()
+        assert envs.observation_space.contains(obs)
+        last = k == GYM["episode_length"] - 1
+        assert truncated.all() == last and truncated.any() == last
+        assert ("final_obs" in info) == last
+    assert info["_final_info"].all() and info["_final_obs"].all()
+    m = info["final_info"]["metrics"]
+    np.testing.assert_array_equal(m["requests"], GYM["episode_length"])
+    np.testing.assert_array_equal(m["served"] + m["drops"], m["requests"])
+    assert m["load_share"].shape == (8, GYM["n_nodes"])
+    # the returned observation is the first of the next episode, not the final one
+    assert not np.array_equal(obs, info["final_obs"])
+    states = envs.unwrapped.states
+    np.testing.assert_array_equal(np.asarray(states.step), 0)
+    obs, reward, terminated, truncated, info = envs.step(np.zeros(8, np.int64))
+    assert not truncated.any() and "final_obs" not in info
+    np.testing.assert_array_equal(np.asarray(envs.unwrapped.states.step), 1)
+    envs.close()
+
+
+def test_unknown_scenario_lists_valid_ones() -> None:
+    with pytest.raises(ValueError, match="unknown scenario 'nope'") as e:
+        gym.make("BurstBalance-v0", scenario="nope")
+    for name in scenarios.SCENARIOS:
+        assert name in str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("setting", "field"),
+    [({"n_nodez": 4}, "n_nodez"), ({"load": -1.0}, "load"), ({"n_nodes": 0}, "n_nodes"),
+     ({"scheduler": "static"}, "scheduler"), ({"queue_capacity": 2.5}, "queue_capacity")],
+)
+def test_bad_setting_names_the_field(setting, field) -> None:
+    """Unknown or invalid settings are refused with the setting named."""
+    with pytest.raises(ValueError, match=f"'{field}'"):
+        gym.make("BurstBalance-v0", scenario="bursty", **setting)
+
+
+@pytest.mark.parametrize("action", [4, -1, 1.0, np.array([0, 1]), "0"])
+def test_single_env_refuses_bad_action(action) -> None:
+    """Actions that are not a node index in [0, n_nodes) raise instead of being clipped."""
+    env = gym.make("BurstBalance-v0", **GYM).unwrapped
+    env.reset(seed=0)
+    with pytest.raises(ValueError, match="not a node index"):
+        env.step(action)
+
+
+@pytest.mark.parametrize("actions", [[0, 1, 2, 3, 4, 0, 0, 0], [0, 0, -1, 0, 0, 0, 0, 0], [0] * 7, [0.5] * 8])
+def test_vector_env_refuses_bad_actions(actions) -> None:
+    envs = gym.make_vec("BurstBalance-v0", num_envs=8, vectorization_mode="vector_entry_point", **GYM)
+    envs.reset(seed=0)
+    with pytest.raises(ValueError, match="actions"):
+        envs.step(np.asarray(actions))
+
+
+def test_malformed_trace_names_file_and_line(tmp_path) -> None:
+    """A trace row that is not a number is reported with the file, line and column."""
+    f = tmp_path / "azure.csv"
+    f.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.68,10,5\n"
+                 "2023-11-16 18:15:47.00,ten,5\n")
+    with pytest.raises(ValueError, match=r"azure\.csv: line 3: column 'ContextTokens'"):
+        gym.make("BurstBalance-v0", scenario="trace", trace=str(f))
+
+
+def test_empty_trace_names_file(tmp_path) -> None:
+    """An empty file (line 1 has no header) and a header without rows are refused, naming the file."""
+    empty = tmp_path / "empty.csv"
+    empty.write_text("")
+    with pytest.raises(ValueError, match=r"empty\.csv: line 1"):
+        gym.make("BurstBalance-v0", scenario="trace", trace=str(empty))
+    header = tmp_path / "header.csv"
+    header.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n")
+    with pytest.raises(ValueError, match=r"header\.csv: .*no requests"):
+        gym.make("BurstBalance-v0", scenario="trace", trace=str(header))
+
+
+def test_action_mask_marks_full_queues() -> None:
+    """info["action_mask"] is False exactly for nodes whose queue is full (all True if all are),
+    and a request sent to a masked node is dropped."""
+    env = gym.make("BurstBalance-v0", **GYM).unwrapped
+    _, info = env.reset(seed=3)
+    qc = GYM["queue_capacity"]
+    seen_full = seen_drop = False
+    for k in range(GYM["episode_length"] - 1):
+        mask = info["action_mask"]
+        waiting = (np.asarray(env._state.slots.status) == 1).sum(axis=1)
+        want = waiting < qc
+        np.testing.assert_array_equal(mask, want if want.any() else np.ones_like(want))
+        action = 0 if k % 3 else 1  # mostly node 0, so its queue fills
+        _, _, _, _, info = env.step(action)
+        assert info["dropped"] == (not want[action])
+        seen_full |= not want[0]
+        seen_drop |= info["dropped"]
+    assert seen_full and seen_drop
