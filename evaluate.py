@@ -60,7 +60,8 @@ METRICS = (
 )
 BALANCING = ("round-robin", "jsq")
 SKEWING = ("weighted-skew", "pack-load", "soonest-batch")
-GRIDS = {  # arrival scenario (burstiness) x load x batching regime
+GRIDS = {  # arrival scenario (burstiness) x load x batching regime; "tiny" is for smoke tests
+    "tiny": {"arrivals": ("bursty",), "loads": (0.3, 0.7), "schedulers": ("continuous",)},
     "small": {"arrivals": ("steady", "bursty"), "loads": (0.3, 0.7), "schedulers": ("continuous", "dynamic")},
     "large": {
         "arrivals": ("steady", "bursty"),
@@ -186,7 +187,9 @@ def regime_map(
     for arrivals, load, scheduler in tqdm(cells, desc="regime map", unit="cell"):
         cell = {**settings, "load": load, "scheduler": scheduler}
         limits = ClusterLimits.of(arrivals, **cell)
-        routers = [make_router(n, limits) for n in BALANCING + SKEWING]
+        # soonest-batch is join-the-shortest-queue without a batching window: only a skew router on "dynamic"
+        skewing = SKEWING if scheduler == "dynamic" else tuple(n for n in SKEWING if n != "soonest-batch")
+        routers = [make_router(n, limits) for n in BALANCING + skewing]
         if learned is not None:
             routers.append(learned)
         res = Rollout(arrivals, **cell).run(routers, seeds)

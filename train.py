@@ -152,6 +152,8 @@ def train(args: argparse.Namespace) -> int:
     if args.trace is not None:
         settings["trace"] = args.trace
     scenarios.make(args.scenario, **settings)  # refuse bad settings before anything is written
+    if args.resume and not Path(args.resume).is_file():
+        raise FileNotFoundError(f"checkpoint {args.resume!r} does not exist")
     torch.set_num_threads(args.torch_threads)
     run_dir = Path(args.out) / (args.run_name or f"{args.scenario}-{args.algo}-seed{args.seed}")
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -14,10 +14,10 @@ _NET = {"net_arch": [64, 64]}
 HYPERPARAMS: dict[str, dict[str, dict[str, Any]]] = {
     "ppo": {
         "default": {
-            "n_steps": 64,
-            "batch_size": 1024,
-            "n_epochs": 4,
-            "learning_rate": 3e-4,
+            "n_steps": 32,
+            "batch_size": 512,
+            "n_epochs": 8,
+            "learning_rate": 5e-4,
             "gamma": 0.98,
             "gae_lambda": 0.9,
             "ent_coef": 0.01,
@@ -27,10 +27,10 @@ HYPERPARAMS: dict[str, dict[str, dict[str, Any]]] = {
     },
     "maskable-ppo": {
         "default": {
-            "n_steps": 64,
-            "batch_size": 1024,
-            "n_epochs": 4,
-            "learning_rate": 3e-4,
+            "n_steps": 32,
+            "batch_size": 512,
+            "n_epochs": 8,
+            "learning_rate": 5e-4,
             "gamma": 0.98,
             "gae_lambda": 0.9,
             "ent_coef": 0.01,

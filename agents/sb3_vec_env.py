@@ -98,11 +98,8 @@ class JaxVecEnv(VecEnv):
         return list(indices)
 
     def get_attr(self, attr_name: str, indices: VecEnvIndices = None) -> list[Any]:
-        value = (
-            getattr(self, attr_name)
-            if attr_name in ("render_mode", "scenario", "settings")
-            else getattr(self.venv, attr_name)
-        )
+        own = ("render_mode", "scenario", "settings", "n_nodes", "action_masks")
+        value = getattr(self, attr_name) if attr_name in own else getattr(self.venv, attr_name)
         return [value for _ in self._indices(indices)]
 
     def set_attr(self, attr_name: str, value: Any, indices: VecEnvIndices = None) -> None:
