@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from conftest import BASE, base, rollout
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -22,11 +23,10 @@ LONGEST = BASE["prompt_max"] + BASE["output_max"]
 
 @st.composite
 def clusters(draw):
-    """A scheduler, per-node parameters within the shared shapes, a load factor and a routing."""
+    """Per-node parameters within the shared shapes, a load factor and a routing."""
     ints = lambda lo, hi: st.lists(st.integers(lo, hi), min_size=N, max_size=N)  # noqa: E731
     block = draw(st.sampled_from([1, 4, 8, 16, 32]))
     return {
-        "scheduler": draw(st.sampled_from(["continuous", "dynamic"])),
         "n_used": draw(st.integers(1, N)),
         "max_num_seqs": draw(ints(1, BASE["max_num_seqs"])),
         "max_batch_size": draw(ints(1, BASE["max_batch_size"])),
@@ -61,11 +61,13 @@ def _params(c, params):
     return params._replace(nodes=nodes)
 
 
-@settings(max_examples=12, deadline=None)
-@given(clusters())
-def test_invariants(c) -> None:
+@pytest.mark.parametrize("scheduler", ["continuous", "dynamic"])
+@settings(max_examples=8, deadline=None)
+@given(c=clusters())
+def test_invariants(scheduler, c) -> None:
     """Conservation, KV bounds, finite and in-space observations, monotone clocks, full drain."""
-    cfg, params = base(c["scheduler"])
+    c = {**c, "scheduler": scheduler}
+    cfg, params = base(scheduler)
     params = _params(c, params)
     rng = np.random.default_rng(c["seed"])
     actions = rng.integers(0, c["n_used"], cfg.episode_length)
