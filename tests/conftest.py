@@ -1,5 +1,5 @@
 """Shared helpers for the tests of the JAX core: jitted episode rollouts cached per configuration,
-and an adapter from the core's `EnvParams` to the reference simulator's `RefNode`s.
+and the invariant counts read from the slot table.
 
 Compilation dominates the run time of these tests, so every jitted function is cached per
 (EnvConfig, x64 flag) and reused by every test and hypothesis example with that configuration.
@@ -15,38 +15,7 @@ import numpy as np
 
 from burstgym import scenarios
 from burstgym.env import BurstBalance
-from burstgym.latency import LatencyModel
-from burstgym.reference import RefNode
 from burstgym.types import EMPTY, RUNNING, WAITING, EnvConfig
-
-
-def ref_nodes(cfg: EnvConfig, params) -> list[RefNode]:
-    """The reference simulator's nodes with the same values as the core's `params.nodes`."""
-    p = params.nodes
-
-    def at(x, n):
-        return np.asarray(x)[n].item()
-
-    return [
-        RefNode(
-            scheduler=cfg.scheduler,
-            latency=LatencyModel(*(float(at(c, n)) for c in p.latency)),
-            speed=float(at(p.speed, n)),
-            max_num_seqs=int(at(p.max_num_seqs, n)),
-            max_num_batched_tokens=int(at(p.max_num_batched_tokens, n)),
-            block_size=int(at(p.block_size, n)),
-            kv_capacity_tokens=int(at(p.kv_blocks, n)) * int(at(p.block_size, n)),
-            max_batch_size=int(at(p.max_batch_size, n)),
-            max_queue_delay=float(at(p.max_queue_delay, n)),
-            queue_capacity=int(at(p.queue_capacity, n)),
-            busy_power_w=float(at(p.busy_power_w, n)),
-            idle_power_w=float(at(p.idle_power_w, n)),
-            sleep_power_w=float(at(p.sleep_power_w, n)),
-            sleep_timeout=float(at(p.sleep_timeout, n)),
-            wake_delay=float(at(p.wake_delay, n)),
-        )
-        for n in range(cfg.n_nodes)
-    ]
 
 
 def _kv_used(slots, block_size):

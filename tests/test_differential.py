@@ -19,10 +19,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import ref_nodes, rollout
+from conftest import rollout
 
 from burstgym import scenarios
-from burstgym.reference import simulate
+from burstgym.reference import nodes_from_params, simulate
 
 REL = 1e-3  # relative tolerance on TTFT, e2e latency, energy, objective
 ABS = 1e-6  # seconds: floor for tiny values
@@ -70,7 +70,7 @@ def pair(request):
         actions = _actions(cfg.n_nodes, cfg.episode_length, seed=7)
         _, st0, st, trace = rollout(cfg, params, 3, actions, x64=True)
         req = jax.tree.map(np.asarray, st0.requests)
-        ref = simulate(ref_nodes(cfg, params), req.arrival, req.prompt, req.output, actions,
+        ref = simulate(nodes_from_params(cfg.scheduler, params), req.arrival, req.prompt, req.output, actions,
                        drop_penalty=float(params.drop_penalty), energy_weight=float(params.energy_weight))
     st = jax.tree.map(np.asarray, st._replace(key=0))
     return request.param, cfg, params, req, st, trace, ref
