@@ -1,7 +1,8 @@
 """Hyperparameters per algorithm and scenario, in the manner of rl-zoo3's `hyperparams/*.yml`.
 
 `HYPERPARAMS[algo]["default"]` applies to every scenario; a scenario's own entry overrides it.
-Values are constructor arguments of the SB3 algorithm (`policy_kwargs` included). They are
+Values are constructor arguments of the SB3 algorithm (`policy_kwargs` included), plus `policy`:
+"MlpPolicy" or a node-scoring policy of `agents.policies`. They are
 sized for a CPU budget of minutes with 64-128 clusters of 256-request episodes.
 """
 
@@ -14,6 +15,7 @@ _NET = {"net_arch": [64, 64]}
 HYPERPARAMS: dict[str, dict[str, dict[str, Any]]] = {
     "ppo": {
         "default": {
+            "policy": "NodeScoringPolicy",
             "n_steps": 32,
             "batch_size": 512,
             "n_epochs": 8,
@@ -27,6 +29,7 @@ HYPERPARAMS: dict[str, dict[str, dict[str, Any]]] = {
     },
     "maskable-ppo": {
         "default": {
+            "policy": "MaskableNodeScoringPolicy",
             "n_steps": 32,
             "batch_size": 512,
             "n_epochs": 8,
@@ -39,6 +42,7 @@ HYPERPARAMS: dict[str, dict[str, dict[str, Any]]] = {
     },
     "a2c": {
         "default": {
+            "policy": "NodeScoringPolicy",
             "n_steps": 16,
             "learning_rate": 7e-4,
             "gamma": 0.98,

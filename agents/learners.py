@@ -12,8 +12,10 @@ from stable_baselines3 import A2C, DQN, PPO
 from stable_baselines3.common.base_class import BaseAlgorithm
 
 from agents.hyperparams import hyperparams
+from agents.policies import MaskableNodeScoringPolicy, NodeScoringPolicy
 
 ALGOS: dict[str, type[BaseAlgorithm]] = {"ppo": PPO, "a2c": A2C, "dqn": DQN, "maskable-ppo": MaskablePPO}
+POLICIES = {"NodeScoringPolicy": NodeScoringPolicy, "MaskableNodeScoringPolicy": MaskableNodeScoringPolicy}
 
 
 def check_algo(algo: str) -> None:
@@ -36,8 +38,15 @@ def make_model(
     if algo in ("ppo", "maskable-ppo"):
         # A batch larger than one rollout would make SB3 warn and truncate it.
         kwargs["batch_size"] = min(kwargs["batch_size"], kwargs["n_steps"] * env.num_envs)
+    policy = kwargs.pop("policy", "MlpPolicy")
     return ALGOS[algo](
-        "MlpPolicy", env, seed=seed, tensorboard_log=tensorboard_log, verbose=0, device="cpu", **kwargs
+        POLICIES.get(policy, policy),
+        env,
+        seed=seed,
+        tensorboard_log=tensorboard_log,
+        verbose=0,
+        device="cpu",
+        **kwargs,
     )
 
 

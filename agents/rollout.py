@@ -24,7 +24,7 @@ from burstgym import scenarios
 from burstgym.env import BurstBalance
 from burstgym.types import EnvConfig
 
-_STEPS: dict[EnvConfig, Any] = {}
+_SHARED: dict[EnvConfig, Any] = {}
 
 
 class RouterLike(Protocol):
@@ -44,11 +44,16 @@ class Episodes:
     e2e: np.ndarray  # [S, E] end-to-end latency per request, NaN when dropped
 
 
-def _step_fn(cfg: EnvConfig):
+def _shared_fns(cfg: EnvConfig):
+    """The jitted batched step and metrics of `cfg`, shared by configurations differing in workload only."""
     key = dataclasses.replace(cfg, workload=None)
-    if key not in _STEPS:
-        _STEPS[key] = jax.jit(jax.vmap(BurstBalance(cfg).step_env, in_axes=(0, 0, None)))
-    return _STEPS[key]
+    if key not in _SHARED:
+        core = BurstBalance(cfg)
+        _SHARED[key] = (
+            jax.jit(jax.vmap(core.step_env, in_axes=(0, 0, None))),
+            jax.jit(jax.vmap(core.metrics, in_axes=(0, None))),
+        )
+    return _SHARED[key]
 
 
 class Rollout:
@@ -60,8 +65,7 @@ class Rollout:
         self.cfg, self.params = scenarios.make(scenario, **settings)
         self.core = BurstBalance(self.cfg)
         self._reset = jax.jit(jax.vmap(self.core.reset, in_axes=(0, None)))
-        self._metrics = jax.jit(jax.vmap(self.core.metrics, in_axes=(0, None)))
-        self._step = _step_fn(self.cfg)
+        self._step, self._metrics = _shared_fns(self.cfg)
 
     def run(self, routers: Sequence[RouterLike], seeds: Sequence[int], progress=None) -> dict[str, Episodes]:
         """Each router's episodes on `seeds`; `progress(k)` is called after each step if given."""
