@@ -27,9 +27,9 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from stable_baselines3.common.callbacks import BaseCallback, CallbackList, CheckpointCallback  # noqa: E402
 
-from agents.heuristics import ClusterLimits, RoundRobin  # noqa: E402
+from agents.heuristics import ROUTERS, ClusterLimits, RoundRobin, make_router  # noqa: E402
 from agents.hyperparams import hyperparams  # noqa: E402
-from agents.learners import ALGOS, PolicyRouter, check_algo, load_model, make_model  # noqa: E402
+from agents.learners import ALGOS, PolicyRouter, behaviour_clone, check_algo, load_model, make_model  # noqa: E402
 from agents.rollout import Rollout  # noqa: E402
 from agents.sb3_vec_env import JaxVecEnv  # noqa: E402
 from burstgym import scenarios  # noqa: E402
@@ -130,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--eval-every", type=int, default=50_000, help="timesteps between evaluations (0: none)")
     p.add_argument("--eval-seeds", type=int, default=8)
     p.add_argument("--checkpoint-every", type=int, default=50_000, help="timesteps between checkpoints")
+    p.add_argument("--bc-teacher", default="jsq", help="heuristic the actor imitates first ('none': off)")
+    p.add_argument("--bc-steps", type=int, default=16_384, help="environment steps of imitation data")
     p.add_argument("--resume", default=None, help="checkpoint .zip to continue training from")
     p.add_argument("--torch-threads", type=int, default=1, help="1 leaves the other core to JAX")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -144,6 +146,13 @@ def main(argv: list[str] | None = None) -> int:
 def train(args: argparse.Namespace) -> int:
     """Train as `args` say; returns the exit status."""
     check_algo(args.algo)
+    if args.bc_teacher not in ("none", *ROUTERS):
+        valid = ", ".join(ROUTERS)
+        raise ValueError(f"unknown router {args.bc_teacher!r} for --bc-teacher; valid: none, {valid}")
+    if args.bc_teacher != "none" and args.algo == "dqn":
+        raise ValueError(
+            "--bc-teacher needs an actor-critic algorithm (ppo, a2c, maskable-ppo); use --bc-teacher none"
+        )
     if args.timesteps < 1 or args.n_envs < 1:
         raise ValueError("--timesteps and --n-envs must be positive")
     settings = {"episode_length": args.episode_length, **parse_settings(args.set)}
@@ -164,6 +173,10 @@ def train(args: argparse.Namespace) -> int:
         model.tensorboard_log = str(run_dir / "tb")
     else:
         model = make_model(args.algo, env, args.scenario, args.seed, str(run_dir / "tb"))
+        if args.bc_teacher != "none":
+            teacher = make_router(args.bc_teacher, ClusterLimits.of(args.scenario, **settings))
+            agreement = behaviour_clone(model, env, teacher, args.bc_steps)
+            print(f"imitated {args.bc_teacher} for {args.bc_steps} steps: agreement {agreement:.3f}")
     callbacks = [
         ServingMetricsCallback(),
         CheckpointCallback(max(args.checkpoint_every // args.n_envs, 1), str(run_dir / "checkpoints")),
@@ -197,6 +210,7 @@ def train(args: argparse.Namespace) -> int:
         "train_seconds": round(seconds, 1),
         "steps_per_second": round(args.timesteps / seconds, 1),
         "resumed_from": args.resume,
+        "bc_teacher": None if args.resume or args.bc_teacher == "none" else args.bc_teacher,
         "hyperparams": hyperparams(args.algo, args.scenario),
         "final_eval": final_eval,
     }

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 from sb3_contrib import MaskablePPO
 from stable_baselines3 import A2C, DQN, PPO
 from stable_baselines3.common.base_class import BaseAlgorithm
@@ -76,3 +77,33 @@ class PolicyRouter:
         kwargs = {"action_masks": mask} if self.masked and mask is not None else {}
         actions, _ = self.model.predict(np.asarray(obs, dtype=np.float32), deterministic=True, **kwargs)
         return np.asarray(actions, dtype=np.int64)
+
+
+def behaviour_clone(
+    model: BaseAlgorithm, env, teacher, steps: int, epochs: int = 4, batch_size: int = 1024
+) -> float:
+    """Warm-start an actor-critic `model` by imitating the heuristic `teacher` on `env` for `steps`
+    environment steps (cross-entropy on the teacher's actions); returns the final agreement."""
+    if not hasattr(model.policy, "get_distribution"):
+        raise ValueError(f"behaviour cloning needs an actor-critic policy, not {type(model.policy).__name__}")
+    obs = env.reset()
+    teacher.reset(env.num_envs)
+    xs, ys = [], []
+    for _ in range(max(steps // env.num_envs, 1)):
+        actions = teacher(obs, env.action_masks())
+        xs.append(obs)
+        ys.append(actions)
+        obs, _, _, _ = env.step(actions)
+    x = torch.as_tensor(np.concatenate(xs), dtype=torch.float32)
+    y = torch.as_tensor(np.concatenate(ys), dtype=torch.long)
+    policy = model.policy
+    optimizer = torch.optim.Adam(policy.parameters(), lr=1e-3)
+    for _ in range(epochs):
+        for idx in torch.randperm(len(x)).split(batch_size):
+            loss = -policy.get_distribution(x[idx]).log_prob(y[idx]).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    with torch.no_grad():
+        agree = (policy.get_distribution(x).distribution.probs.argmax(dim=1) == y).float().mean()
+    return float(agree)

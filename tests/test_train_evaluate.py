@@ -43,6 +43,8 @@ def trained(tmp_path_factory) -> Path:
         "2",
         "--checkpoint-every",
         "128",
+        "--bc-steps",
+        "64",
         "--out",
         str(out),
         "--no-progress",
@@ -147,6 +149,7 @@ def test_evaluate_writes_table_and_plots(trained, tmp_path):
     [
         (["--scenario", "nowhere"], "unknown scenario 'nowhere'"),
         (["--algo", "sarsa"], "unknown algorithm 'sarsa'"),
+        (["--bc-teacher", "oracle"], "unknown router 'oracle'"),
         (["--resume", "missing.zip"], "checkpoint 'missing.zip' does not exist"),
         (["--set", "n_nodes=0"], "'n_nodes' must be a positive integer"),
     ],
