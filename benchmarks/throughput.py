@@ -95,8 +95,10 @@ def main() -> None:
         with console.status(f"vector env x{b}"):
             rates[f"vector env ({b})"] = vector_rate(b, args.scenario, settings, args.episodes)
     single = rates["gymnasium env (1)"]
-    table = Table(title=f"decisions/s, scenario {args.scenario}, episode_length {args.episode_length}, "
-                  f"{os.cpu_count()} CPUs, jax {jax.__version__} on {jax.default_backend()}")
+    table = Table(
+        title=f"decisions/s, scenario {args.scenario}, episode_length {args.episode_length}, "
+        f"{os.cpu_count()} CPUs, jax {jax.__version__} on {jax.default_backend()}"
+    )
     table.add_column("configuration")
     table.add_column("decisions/s", justify="right")
     table.add_column("x single env", justify="right")
@@ -105,7 +107,11 @@ def main() -> None:
     console.print(table)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"scenario": args.scenario, "episode_length": args.episode_length, "rates": rates}, f, indent=2)
+            json.dump(
+                {"scenario": args.scenario, "episode_length": args.episode_length, "rates": rates},
+                f,
+                indent=2,
+            )
 
 
 if __name__ == "__main__":

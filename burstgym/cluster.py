@@ -115,16 +115,19 @@ def _handle_events(
     acc: Accrual,
     tau: jax.Array,
     active: jax.Array,
+    until: jax.Array,
     params: EnvParams,
     cfg: EnvConfig,
 ) -> tuple[Slots, NodeState, RequestLog, Accrual]:
-    """Handle the next event (at `tau`, [N]) of every active node (docs/semantics.md, "Handling a node event")."""
+    """Handle the next event (at `tau`, [N]) of every active node (docs/semantics.md, "Handling a
+    node event"); a new iteration that starts a stretch of identical decodes before `until`
+    covers the whole stretch (`scheduler.decode_run`)."""
     nodes, acc = accrue(slots, nodes, acc, tau, active, params)
     tau_s = tau[:, None]
 
     # 1. An iteration ends: tokens land, first tokens and finishes are logged.
     ending = active & (nodes.phase == BUSY)
-    res = jax.vmap(scheduler.finish_iteration)(slots)
+    res = jax.vmap(scheduler.finish_iteration)(slots, nodes.repeat)
     ending_s = ending[:, None]
     first = res.first_token & ending_s
     done = res.finished & ending_s
@@ -132,12 +135,14 @@ def _handle_events(
     first_token = log.first_token.at[jnp.where(first, res.finished_req, no_req)].set(
         jnp.broadcast_to(tau_s, first.shape), mode="drop"
     )
-    finish = log.finish.at[jnp.where(done, res.finished_req, no_req)].set(jnp.broadcast_to(tau_s, done.shape), mode="drop")
+    finish = log.finish.at[jnp.where(done, res.finished_req, no_req)].set(
+        jnp.broadcast_to(tau_s, done.shape), mode="drop"
+    )
     slots = tree_where(ending, res.slots, slots)
     log = log._replace(first_token=first_token, finish=finish)
 
     # 2-3. Iteration over or woken: idle. Idle, empty and past the timeout: asleep.
-    to_idle = (ending | (active & (nodes.phase == WAKING)))
+    to_idle = ending | (active & (nodes.phase == WAKING))
     phase = jnp.where(to_idle, IDLE, nodes.phase)
     idle_since = jnp.where(to_idle, tau, nodes.idle_since)
     empty = ~(slots.status != EMPTY).any(axis=1)
@@ -158,9 +163,14 @@ def _handle_events(
     )
     slots = tree_where(start_ok, plan.slots, slots)
     started = start_ok & plan.started
+    room = until - tau
+    repeat, duration = jax.vmap(scheduler.decode_run, in_axes=(0, 0, 0, None))(
+        plan, ncfg, room, cfg.scheduler == "continuous"
+    )
     nodes = nodes._replace(
         phase=jnp.where(started, BUSY, nodes.phase),
-        iter_end=jnp.where(started, tau + plan.duration, nodes.iter_end),
+        iter_end=jnp.where(started, tau + duration, nodes.iter_end),
+        repeat=jnp.where(started, repeat, nodes.repeat),
     )
     return slots, nodes, log, acc
 
@@ -191,7 +201,7 @@ def advance(
 
     def body(carry):
         s, n, lg, a, tau, active, count = carry
-        s, n, lg, a = _handle_events(s, n, lg, a, tau, active, params, cfg)
+        s, n, lg, a = _handle_events(s, n, lg, a, tau, active, until, params, cfg)
         return (s, n, lg, a, *due(s, n), count + 1)
 
     init = (slots, nodes, log, acc, *due(slots, nodes), jnp.int32(0))
@@ -221,6 +231,8 @@ def route(
 ) -> Routed:
     """Send request `req` to `node`: join its waiting queue, or be dropped if the queue is full."""
     p = params.nodes
+    # Close the holes finished requests left, so the arrival lands after the queue's tail.
+    slots = jax.vmap(scheduler.compact)(slots)
     s_status = slots.status[node]
     n_wait = (s_status == WAITING).sum()
     free = s_status == EMPTY
@@ -243,7 +255,9 @@ def route(
     wakes = accept & (nodes.phase[node] == ASLEEP)
     nodes = nodes._replace(
         phase=nodes.phase.at[node].set(jnp.where(wakes, WAKING, nodes.phase[node])),
-        wake_end=nodes.wake_end.at[node].set(jnp.where(wakes, arrival + p.wake_delay[node], nodes.wake_end[node])),
+        wake_end=nodes.wake_end.at[node].set(
+            jnp.where(wakes, arrival + p.wake_delay[node], nodes.wake_end[node])
+        ),
         routed=nodes.routed.at[node].add(1),
     )
     log = log._replace(node=log.node.at[req].set(node), dropped=log.dropped.at[req].set(~accept))

@@ -23,7 +23,7 @@ from burstgym import cluster
 from burstgym.metrics import episode_metrics
 from burstgym.observation import observe
 from burstgym.reward import slo_met, step_reward
-from burstgym.types import NO_REQUEST, EMPTY, IDLE, EnvConfig, EnvParams, NodeState, RequestLog, Slots, State
+from burstgym.types import EMPTY, IDLE, NO_REQUEST, EnvConfig, EnvParams, NodeState, RequestLog, Slots, State
 
 
 class BurstBalance:
@@ -55,6 +55,7 @@ class BurstBalance:
         nodes = NodeState(
             phase=jnp.full(n, IDLE, jnp.int32),
             iter_end=zf,
+            repeat=jnp.ones(n, jnp.int32),
             wake_end=zf,
             idle_since=zf + t0,
             last_time=zf + t0,

@@ -154,14 +154,18 @@ class BurstBalanceVectorEnv(VectorEnv):
         if a.min() < 0 or a.max() >= self.cfg.n_nodes:
             bad = int(np.flatnonzero((a < 0) | (a >= self.cfg.n_nodes))[0])
             raise ValueError(f"actions[{bad}] = {a[bad]} is not a node index in [0, {self.cfg.n_nodes})")
-        obs, self._states, reward, done, info = self._fns["batched_step"](self._states, a.astype(np.int32), self.params)
+        obs, self._states, reward, done, info = self._fns["batched_step"](
+            self._states, a.astype(np.int32), self.params
+        )
         done = np.asarray(done)
         infos: dict[str, Any] = {"action_mask": np.asarray(info["action_mask"])}
         if done.any():
             infos["final_obs"] = np.asarray(info["final_obs"])
             infos["_final_obs"] = done
-            infos["final_info"] = {"metrics": {k: np.asarray(v) for k, v in info["metrics"].items()},
-                                   "_metrics": done}
+            infos["final_info"] = {
+                "metrics": {k: np.asarray(v) for k, v in info["metrics"].items()},
+                "_metrics": done,
+            }
             infos["_final_info"] = done
         return np.asarray(obs), np.asarray(reward, dtype=np.float64), np.zeros_like(done), done, infos
 

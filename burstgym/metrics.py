@@ -26,7 +26,7 @@ PERCENTILES = (50, 90, 99)
 def _summary(name: str, x: jax.Array) -> dict[str, jax.Array]:
     out = {f"{name}_mean": jnp.nanmean(x)}
     q = jnp.nanpercentile(x, jnp.array(PERCENTILES, dtype=x.dtype))
-    for p, v in zip(PERCENTILES, q):
+    for p, v in zip(PERCENTILES, q, strict=True):
         out[f"{name}_p{p}"] = v
     return out
 

@@ -29,7 +29,9 @@ def step_reward(
     if objective == "slo":
         value = slo_met_now - params.drop_penalty * dropped
     else:
-        value = -(acc.latency_s.sum() + params.drop_penalty * dropped + params.energy_weight * acc.energy_j.sum())
+        value = -(
+            acc.latency_s.sum() + params.drop_penalty * dropped + params.energy_weight * acc.energy_j.sum()
+        )
     return value / params.reward_scale
 
 

@@ -69,29 +69,59 @@ class Settings:
 
     def validate(self) -> None:
         """Refuse impossible settings, naming the field."""
-        positive_int = ("n_nodes", "episode_length", "max_num_seqs", "max_num_batched_tokens", "block_size",
-                        "max_batch_size", "queue_capacity", "prompt_max", "output_max")
+        positive_int = (
+            "n_nodes",
+            "episode_length",
+            "max_num_seqs",
+            "max_num_batched_tokens",
+            "block_size",
+            "max_batch_size",
+            "queue_capacity",
+            "prompt_max",
+            "output_max",
+        )
         for name in positive_int:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
                 raise ValueError(f"scenario setting {name!r} must be a positive integer, got {v!r}")
-        positive = ("load", "reward_scale", "rate_window", "ttft_slo", "tpot_slo", "prompt_median",
-                    "output_median", "prompt_sigma", "output_sigma")
+        positive = (
+            "load",
+            "reward_scale",
+            "rate_window",
+            "ttft_slo",
+            "tpot_slo",
+            "prompt_median",
+            "output_median",
+            "prompt_sigma",
+            "output_sigma",
+        )
         for name in positive:
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
                 raise ValueError(f"scenario setting {name!r} must be a positive number, got {v!r}")
-        non_negative = ("max_queue_delay", "wake_delay", "drop_penalty", "energy_weight", "sleep_power_fraction")
+        non_negative = (
+            "max_queue_delay",
+            "wake_delay",
+            "drop_penalty",
+            "energy_weight",
+            "sleep_power_fraction",
+        )
         for name in non_negative:
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
                 raise ValueError(f"scenario setting {name!r} must be a finite number >= 0, got {v!r}")
         if not isinstance(self.sleep_timeout, (int, float)) or not self.sleep_timeout >= 0:
-            raise ValueError(f"scenario setting 'sleep_timeout' must be >= 0 (inf: never), got {self.sleep_timeout!r}")
+            raise ValueError(
+                f"scenario setting 'sleep_timeout' must be >= 0 (inf: never), got {self.sleep_timeout!r}"
+            )
         if self.scheduler not in SCHEDULERS:
-            raise ValueError(f"scenario setting 'scheduler' must be one of {SCHEDULERS}, got {self.scheduler!r}")
+            raise ValueError(
+                f"scenario setting 'scheduler' must be one of {SCHEDULERS}, got {self.scheduler!r}"
+            )
         if self.objective not in OBJECTIVES:
-            raise ValueError(f"scenario setting 'objective' must be one of {OBJECTIVES}, got {self.objective!r}")
+            raise ValueError(
+                f"scenario setting 'objective' must be one of {OBJECTIVES}, got {self.objective!r}"
+            )
         for name in ("profile", "speed"):
             v = getattr(self, name)
             if isinstance(v, tuple) and len(v) != self.n_nodes:
@@ -99,10 +129,13 @@ class Settings:
         speeds = self.speed if isinstance(self.speed, tuple) else (self.speed,)
         if any(not isinstance(s, (int, float)) or not s > 0 for s in speeds):
             raise ValueError(f"scenario setting 'speed' must be positive, got {self.speed!r}")
-        if self.kv_capacity_tokens is not None and self.kv_capacity_tokens < self.prompt_max + self.output_max:
+        if (
+            self.kv_capacity_tokens is not None
+            and self.kv_capacity_tokens < self.prompt_max + self.output_max
+        ):
             raise ValueError(
-                "scenario setting 'kv_capacity_tokens' must hold the longest request "
-                f"(prompt_max + output_max = {self.prompt_max + self.output_max}), got {self.kv_capacity_tokens}"
+                "scenario setting 'kv_capacity_tokens' must hold the longest request (prompt_max + "
+                f"output_max = {self.prompt_max + self.output_max}), got {self.kv_capacity_tokens}"
             )
 
 
@@ -150,8 +183,14 @@ SCENARIOS: dict[str, Scenario] = {
             "Bursts beyond capacity on a memory-tight node (Llama-2-7B's 512 KiB/token KV cache on A100, "
             "long prompts): skew turns into preemptions and drops.",
             lambda: MMPPArrivals(rate=1.0, burst_ratio=8.0, mean_on=2.0, mean_off=6.0),
-            {"load": 1.2, "profile": "a100-llama-2-7b-tp1", "max_num_seqs": 128, "queue_capacity": 32,
-             "prompt_median": 1024.0, "prompt_max": 8192},
+            {
+                "load": 1.2,
+                "profile": "a100-llama-2-7b-tp1",
+                "max_num_seqs": 128,
+                "queue_capacity": 32,
+                "prompt_median": 1024.0,
+                "prompt_max": 8192,
+            },
         ),
         Scenario(
             "trace",
@@ -180,7 +219,9 @@ def _workload(scenario: Scenario, s: Settings) -> Workload:
     )
 
 
-def _node_capacity(profile: Profile, speed: float, kv_tokens: int, s: Settings, wl: Workload, outputs) -> float:
+def _node_capacity(
+    profile: Profile, speed: float, kv_tokens: int, s: Settings, wl: Workload, outputs
+) -> float:
     if s.scheduler == "continuous":
         return capacity.continuous_capacity_rps(
             profile.latency, speed, s.max_num_seqs, kv_tokens, wl.mean_prompt, wl.mean_output
@@ -196,7 +237,9 @@ def settings_for(name: str, **overrides) -> tuple[Scenario, Settings]:
     known = {f.name for f in dataclasses.fields(Settings)}
     unknown = sorted(set(overrides) - known)
     if unknown:
-        raise ValueError(f"unknown scenario setting {unknown[0]!r}; valid settings: {', '.join(sorted(known))}")
+        raise ValueError(
+            f"unknown scenario setting {unknown[0]!r}; valid settings: {', '.join(sorted(known))}"
+        )
     overrides = {k: (tuple(v) if isinstance(v, list) else v) for k, v in overrides.items() if v is not None}
     s = Settings(**{**scenario.settings, **overrides})
     s.validate()
@@ -221,7 +264,10 @@ def make(name: str, **overrides) -> tuple[EnvConfig, EnvParams]:
                 "lower prompt_max/output_max or pick a larger GPU profile"
             )
     outputs = capacity.sample_outputs(workload) if s.scheduler == "dynamic" else None
-    caps = [_node_capacity(p, v, kv, s, workload, outputs) for p, v, kv in zip(profiles, speeds, kv_tokens)]
+    caps = [
+        _node_capacity(p, v, kv, s, workload, outputs)
+        for p, v, kv in zip(profiles, speeds, kv_tokens, strict=True)
+    ]
     cluster_capacity = float(sum(caps))
     workload = workload.with_rate(s.load * cluster_capacity)
 
@@ -230,8 +276,9 @@ def make(name: str, **overrides) -> tuple[EnvConfig, EnvParams]:
 
     fdt = jnp.result_type(float)
     nodes = NodeParams(
-        latency=LatencyModel(*(arr([float(getattr(p.latency, f)) for p in profiles], fdt)
-                               for f in LatencyModel._fields)),
+        latency=LatencyModel(
+            *(arr([float(getattr(p.latency, f)) for p in profiles], fdt) for f in LatencyModel._fields)
+        ),
         speed=arr(speeds, fdt),
         max_num_seqs=arr([s.max_num_seqs] * n, jnp.int32),
         max_num_batched_tokens=arr([s.max_num_batched_tokens] * n, jnp.int32),

@@ -10,13 +10,15 @@ them over nodes. The rules are those of docs/semantics.md:
   when `max_batch_size` requests wait or the oldest has waited `max_queue_delay`; the batch
   prefills together, decodes until its last member is done, and only then does the next start.
 
-Order without sorting: a node's slot table is kept ordered as the contract orders requests —
-running requests by admission (oldest first), then waiting requests in queue order, then empty
-slots. Every operation preserves that order (an arrival takes the first empty slot; admission
-turns the head of the queue into the newest running requests; preemption turns the newest
-running requests into the head of the queue, earliest-admitted first; a finish is removed by a
-stable compaction), so greedy budgets and FCFS rules are prefix sums over slots. Sorting is
-avoided because XLA's CPU sort dominates the step time otherwise.
+Order without sorting: a node's slot table is kept in the order the contract ranks requests —
+running requests by admission (oldest first), then waiting requests in queue order — with empty
+slots as holes among the running ones and after the queue. Every operation preserves that order:
+admission turns the head of the queue into the newest running requests in place; preemption turns
+the newest running requests into the head of the queue (earliest-admitted first) in place; a
+finish leaves a hole; an arrival is appended after the last occupied slot, once `compact` has
+closed the holes (the cluster compacts once per routing step, not per event). Greedy budgets and
+FCFS rules are then prefix sums over slots, in which holes count zero. Sorting and per-event
+compaction are avoided because XLA's CPU sort and scatter dominated the step time.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import jax.numpy as jnp
 
 from burstgym.latency import LatencyModel, step_time
 from burstgym.types import EMPTY, NO_REQUEST, RUNNING, WAITING, Slots
+
 
 class NodeConfig(NamedTuple):
     """One node's scheduler parameters (scalars): a slice of `NodeParams`."""
@@ -92,7 +95,7 @@ def plan_continuous(slots: Slots, cfg: NodeConfig) -> Plan:
     budget = cfg.max_num_batched_tokens
     bs = cfg.block_size
 
-    # 1. Running requests (slots 0 .. n_run-1, oldest admission first) share the budget greedily.
+    # 1. Running requests (table order = admission order) share the budget greedily.
     t = _greedy(jnp.where(running, seq_len - slots.computed, 0), budget)
 
     # 2. KV blocks: preempt the most recently admitted until the rest fit.
@@ -103,18 +106,19 @@ def plan_continuous(slots: Slots, cfg: NodeConfig) -> Plan:
     # Keeping the first j running requests fits iff their extra blocks <= free + blocks held by the rest.
     keep_extra = jnp.cumsum(extra) - extra
     freed = held.sum() - (jnp.cumsum(held) - held)
-    fits = (keep_extra <= free + freed) & (pos <= n_run)
-    keep = jnp.where(extra.sum() <= free, n_run, jnp.max(jnp.where(fits, pos, 0)))
+    # Slots j.. beyond the last running request give the "all fit" case, handled apart.
+    fits = keep_extra <= free + freed
+    keep = jnp.where(extra.sum() <= free, n_slots, jnp.max(jnp.where(fits, pos, 0)))
     preempted = running & (pos >= keep)
     n_pre = preempted.sum()
     t = jnp.where(preempted, 0, t)
     free_after = free + jnp.where(preempted, held, 0).sum() - jnp.where(preempted, 0, extra).sum()
 
     # 3. Admission, only when nothing was preempted: FCFS with head-of-line blocking. The queue
-    # starts right after the running block (preempted requests, now its head, need no move).
+    # follows the running requests in the table (preempted requests, now its head, need no move).
     budget_left = budget - t.sum()
     tw = _greedy(jnp.where(waiting, seq_len, 0), budget_left)
-    rank = pos - n_run
+    rank = jnp.cumsum(waiting) - waiting
     ok = (
         waiting
         & (tw > 0)
@@ -149,13 +153,74 @@ def plan_dynamic(slots: Slots, cfg: NodeConfig) -> Plan:
     """Plan the next iteration of a dynamic-batching node: a new batch's prefill, or a decode."""
     running = slots.status == RUNNING
     waiting = slots.status == WAITING
-    # With no batch open, the queue starts at slot 0: the first max_batch_size requests join.
-    joins = waiting & (jnp.arange(slots.status.shape[0]) < cfg.max_batch_size) & ~running.any()
+    # With no batch open, the first max_batch_size requests of the queue join.
+    joins = waiting & (jnp.cumsum(waiting) <= cfg.max_batch_size) & ~running.any()
     status = jnp.where(joins, RUNNING, slots.status)
     seq_len = slots.prompt + slots.generated
     sched = jnp.where(status == RUNNING, seq_len - slots.computed, 0).astype(slots.sched.dtype)
     new = slots._replace(status=status, sched=sched)
     return Plan(new, _batch_time(new, cfg), sched.sum() > 0, jnp.zeros_like(running))
+
+
+# Cap on a run's length, so integer conversions stay in range when the horizon is infinite.
+_MAX_RUN = 2**20
+
+
+def decode_run(plan: Plan, cfg: NodeConfig, room: jax.Array, kv_limited: bool) -> tuple[jax.Array, jax.Array]:
+    """Fold a stretch of identical decode iterations into one event: (iterations m, their duration).
+
+    When the planned iteration only decodes (no prefill, no admission, no preemption), the
+    iterations after it stay the same until a request finishes, a KV block runs short or an
+    arrival comes: each decodes the same n sequences over n more KV tokens. Step time is affine
+    in `kv_tokens` at a fixed batch (burstgym.latency), so the m iterations take
+    `m d0 + b m (m - 1) / 2` with `b` the growth per iteration, and the node can jump to their
+    end in one event. This changes no outcome (each iteration still happens, with the same
+    duration up to rounding); it only cuts the number of passes of the event loop, which the
+    slowest of the vmapped clusters sets. `room` is the time left before the next arrival.
+    Returns m = 1 and the planned duration when no run applies.
+    """
+    new = plan.slots
+    running = new.status == RUNNING
+    n = running.sum()
+    seq_len = new.prompt + new.generated
+    decoding = (new.sched == 1) & (new.computed == seq_len - 1)
+    # Every running sequence decodes and none was just admitted (a fresh one-token prompt also
+    # "decodes"): then admission stays blocked, since the budget, the sequence limit and the
+    # free blocks only stay or shrink while nothing finishes.
+    steady = (
+        plan.started
+        & (decoding == running).all()
+        & ~plan.preempted.any()
+        & ~(running & (new.generated == 0)).any()
+    )
+    # No one finishes inside the run: request r emits m tokens and finishes at generated == output.
+    m_fin = jnp.min(jnp.where(running, new.output - new.generated, _MAX_RUN)) - 1
+    if kv_limited:
+        # Over m iterations each sequence needs at most m // block_size + 1 new blocks.
+        free = cfg.kv_blocks - kv_blocks_used(new, cfg.block_size)
+        m_kv = (free // jnp.maximum(n, 1)) * cfg.block_size - 1
+    else:
+        m_kv = jnp.int32(_MAX_RUN)
+    d0 = plan.duration
+    kv0 = jnp.where(decoding, new.computed, 0).sum().astype(d0.dtype)
+    nf = n.astype(d0.dtype)
+    b = jnp.maximum(cfg.speed * step_time(cfg.latency, 0.0, nf, kv0 + nf, 0.0) - d0, 0.0)
+
+    def total(m: jax.Array) -> jax.Array:
+        mf = m.astype(d0.dtype)
+        return mf * d0 + b * mf * (mf - 1.0) / 2.0
+
+    # Largest m with total(m) <= room: the positive root of b m^2 / 2 + (d0 - b / 2) m = room.
+    lin = d0 - b / 2.0
+    root = jnp.where(
+        b > 0, (jnp.sqrt(lin * lin + 2.0 * b * room) - lin) / jnp.where(b > 0, b, 1.0), room / d0
+    )
+    m_time = jnp.floor(jnp.minimum(root, _MAX_RUN)).astype(jnp.int32)
+    m_time = jnp.where(total(m_time) > room, m_time - 1, m_time)
+    m = jnp.minimum(jnp.minimum(m_fin, m_kv), m_time).astype(jnp.int32)
+    use = steady & (d0 > 0) & (m >= 2)
+    m = jnp.where(use, m, 1)
+    return m, jnp.where(use, total(m), d0)
 
 
 class IterationResult(NamedTuple):
@@ -167,7 +232,7 @@ class IterationResult(NamedTuple):
     finished_req: jax.Array  # [S] int32, request index of each finished slot
 
 
-def _compact(slots: Slots) -> Slots:
+def compact(slots: Slots) -> Slots:
     """Move the occupied slots to the front, keeping their order (a stable compaction)."""
     keep = slots.status != EMPTY
     target = jnp.where(keep, jnp.cumsum(keep) - 1, keep.shape[0])
@@ -175,15 +240,22 @@ def _compact(slots: Slots) -> Slots:
     def pack(field: jax.Array, empty: int) -> jax.Array:
         return jnp.full_like(field, empty).at[target].set(field, mode="drop")
 
-    return Slots(*(pack(f, NO_REQUEST if name == "req" else 0) for name, f in zip(Slots._fields, slots)))
+    return Slots(
+        *(pack(f, NO_REQUEST if name == "req" else 0) for name, f in zip(Slots._fields, slots, strict=True))
+    )
 
 
-def finish_iteration(slots: Slots) -> IterationResult:
-    """Apply the scheduled tokens: KV grows, a sequence that reaches its length emits a token."""
+def finish_iteration(slots: Slots, repeat: jax.Array) -> IterationResult:
+    """Apply the scheduled tokens: KV grows, a sequence that reaches its length emits a token.
+
+    `repeat` > 1 ends a run of identical decode iterations (`decode_run`): each decoding
+    sequence then gains `repeat` KV tokens and output tokens.
+    """
     seq_len = slots.prompt + slots.generated
-    computed = slots.computed + slots.sched
-    emits = (slots.sched > 0) & (computed == seq_len)
-    generated = slots.generated + emits
+    scheduled = slots.sched > 0
+    emits = scheduled & (slots.computed + slots.sched == seq_len)
+    computed = slots.computed + slots.sched + jnp.where(scheduled, repeat - 1, 0)
+    generated = slots.generated + jnp.where(emits, repeat, 0)
     first = emits & (slots.generated == 0)
     finished = emits & (generated >= slots.output)
     new = slots._replace(
@@ -191,5 +263,6 @@ def finish_iteration(slots: Slots) -> IterationResult:
         generated=generated,
         sched=jnp.zeros_like(slots.sched),
         status=jnp.where(finished, EMPTY, slots.status),
+        req=jnp.where(finished, NO_REQUEST, slots.req),
     )
-    return IterationResult(_compact(new), first, finished, slots.req)
+    return IterationResult(new, first, finished, slots.req)

@@ -75,7 +75,7 @@ class Slots(NamedTuple):
     """Requests held by each node, in a fixed table of S slots per node; all fields [N, S].
 
     Each node's table is ordered: running requests by admission (oldest first), then waiting
-    requests in FCFS queue order, then empty slots (see `burstgym.scheduler`).
+    requests in FCFS queue order; empty slots are holes or trail (see `burstgym.scheduler`).
     """
 
     req: jax.Array  # int32, request index in the episode stream, NO_REQUEST when the slot is empty
@@ -93,6 +93,7 @@ class NodeState(NamedTuple):
 
     phase: jax.Array  # int32, IDLE / BUSY / ASLEEP / WAKING
     iter_end: jax.Array  # float, end of the running iteration (BUSY)
+    repeat: jax.Array  # int32, identical decode iterations the running event covers (1: one)
     wake_end: jax.Array  # float, end of waking (WAKING)
     idle_since: jax.Array  # float, when the node last became idle
     last_time: jax.Array  # float, time up to which latency and energy are accrued

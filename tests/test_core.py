@@ -124,3 +124,18 @@ def test_slo_rewards_sum_to_goodput() -> None:
     assert drops > 0 and value + float(params.drop_penalty) * drops > 0  # some requests met their SLO
     got = trace["reward"].astype(np.float64).sum() * float(params.reward_scale)
     assert got == pytest.approx(value, rel=1e-5, abs=1e-3)
+
+
+def test_step_time_is_affine_in_kv_tokens():
+    """`scheduler.decode_run` folds a stretch of decode iterations into one event by summing an
+    arithmetic series; that is exact only if step time is affine in kv_tokens at a fixed batch.
+    Holds for every shipped profile, or the fold would silently approximate."""
+    from burstgym.latency import list_profiles, load_profile, step_time
+
+    for name in list_profiles():
+        lat = load_profile(name).latency
+        for n in (1, 7, 64):
+            kv = np.array([0.0, 1000.0, 2000.0, 50_000.0, 100_000.0]) * n / 8 + n
+            d = np.asarray(step_time(lat, 0.0, float(n), kv, 0.0), dtype=np.float64)
+            slope = (d[1] - d[0]) / (kv[1] - kv[0])
+            np.testing.assert_allclose(d, d[0] + slope * (kv - kv[0]), rtol=1e-5, err_msg=name)
