@@ -5,10 +5,10 @@
     python train.py --resume runs/bursty-ppo-seed0/checkpoints/model_100000_steps.zip --timesteps 100000
     tensorboard --logdir runs
 
-Writes `runs/<scenario>-<algo>-seed<seed>/`: `model.zip` (the final model), `config.json` (what it
-was trained with), `checkpoints/`, and TensorBoard logs in `tb/` with SB3's curves, serving metrics
-of finished training episodes (`serving/...`) and a periodic evaluation against round-robin on
-held-out seeds (`eval/...`).
+Writes `runs/<scenario>-<algo>-seed<seed>/`: `model.zip` (the final model), `best_model.zip` (the
+best on the held-out evaluation), `config.json` (what it was trained with), `checkpoints/`, and
+TensorBoard logs in `tb/` with SB3's curves, serving metrics of finished training episodes
+(`serving/...`) and a periodic evaluation against round-robin on held-out seeds (`eval/...`).
 """
 
 from __future__ import annotations
@@ -83,8 +83,10 @@ class EvalVsRoundRobin(BaseCallback):
     """Every `every` timesteps, the deterministic policy and round-robin on the same held-out seeds
     (`eval/...`: objective of each, the policy's change against round-robin, its p99 latency)."""
 
-    def __init__(self, scenario: str, settings: dict[str, Any], every: int, n_seeds: int):
+    def __init__(self, scenario: str, settings: dict[str, Any], every: int, n_seeds: int, best_path: Path):
         super().__init__()
+        self.best_path = best_path
+        self.best = float("inf")
         self.rollout = Rollout(scenario, **settings)
         self.baseline = RoundRobin(ClusterLimits.of(scenario, **settings))
         self.every = every
@@ -111,6 +113,9 @@ class EvalVsRoundRobin(BaseCallback):
         }
         for k, v in out.items():
             self.logger.record(k, v)
+        if learned.cost.mean() < self.best:  # model selection on held-out seeds, as rl-zoo3's best_model
+            self.best = float(learned.cost.mean())
+            self.model.save(self.best_path)
         return out
 
 
@@ -183,7 +188,9 @@ def train(args: argparse.Namespace) -> int:
     ]
     evaluator = None
     if args.eval_every > 0:
-        evaluator = EvalVsRoundRobin(args.scenario, settings, args.eval_every, args.eval_seeds)
+        evaluator = EvalVsRoundRobin(
+            args.scenario, settings, args.eval_every, args.eval_seeds, run_dir / "best_model.zip"
+        )
         callbacks.append(evaluator)
     start = time.time()
     model.learn(
