@@ -1,11 +1,13 @@
 """burstgym: a laboratory for routing traffic across batching LLM inference servers.
 
 Importing it registers `BurstBalance-v0` with Gymnasium (with a native vector entry point).
+`burstgym.SCENARIOS` and `burstgym.make` come from `burstgym.scenarios`, imported on first use
+so that `python -m burstgym.latency` and `python -m burstgym.calibrate` start cleanly.
 """
 
-import gymnasium as gym
+from typing import Any
 
-from burstgym.scenarios import SCENARIOS, make
+import gymnasium as gym
 
 __all__ = ["SCENARIOS", "make"]
 __version__ = "0.1.0"
@@ -15,5 +17,12 @@ if "BurstBalance-v0" not in gym.registry:
         id="BurstBalance-v0",
         entry_point="burstgym.gym_env:BurstBalanceEnv",
         vector_entry_point="burstgym.gym_env:BurstBalanceVectorEnv",
-        disable_env_checker=False,
     )
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        from burstgym import scenarios
+
+        return getattr(scenarios, name)
+    raise AttributeError(f"module 'burstgym' has no attribute {name!r}")
