@@ -44,7 +44,10 @@ from agents.rollout import Episodes, Rollout, ci95  # noqa: E402
 from burstgym import scenarios  # noqa: E402
 from burstgym.observation import obs_size  # noqa: E402
 
-DEFAULT_MODEL = Path("runs/bursty-ppo-seed0/model.zip")
+# The checkpoint train.py kept as best on its held-out seeds (5000+); evaluation seeds (10000+) differ,
+# so this is model selection on validation data, as rl-zoo3's best_model, not on the test episodes.
+DEFAULT_MODEL = Path("runs/bursty-ppo-seed0/best_model.zip")
+FINAL_MODEL = DEFAULT_MODEL.with_name("model.zip")  # used when training kept no best model (--eval-every 0)
 BASELINE = "round-robin"
 METRICS = (
     "e2e_mean",
@@ -329,7 +332,8 @@ def evaluate(args: argparse.Namespace) -> int:
             raise ValueError(f"unknown router {name!r}; valid routers: {', '.join(ROUTERS)}")
     routers = list(dict.fromkeys([BASELINE, *args.routers]))
 
-    model_path = None if args.no_model else Path(args.model) if args.model else DEFAULT_MODEL
+    default_model = DEFAULT_MODEL if DEFAULT_MODEL.is_file() else FINAL_MODEL
+    model_path = None if args.no_model else Path(args.model) if args.model else default_model
     config: dict[str, Any] = {}
     if model_path is not None and not model_path.is_file():
         if args.model:
