@@ -38,6 +38,7 @@ import torch  # noqa: E402
 from rich.console import Console  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
+from agents.cli import parse_settings  # noqa: E402
 from agents.heuristics import ROUTERS, ClusterLimits, make_router  # noqa: E402
 from agents.learners import PolicyRouter, check_algo, load_model  # noqa: E402
 from agents.rollout import Episodes, Rollout, ci95  # noqa: E402
@@ -73,20 +74,6 @@ GRIDS = {  # arrival scenario (burstiness) x load x batching regime; "tiny" is f
     },
 }
 console = Console()
-
-
-def parse_settings(pairs: list[str]) -> dict[str, Any]:
-    """`key=value` scenario overrides; values parsed as JSON when they can be."""
-    out: dict[str, Any] = {}
-    for pair in pairs:
-        if "=" not in pair:
-            raise ValueError(f"--set expects key=value, got {pair!r}")
-        key, value = pair.split("=", 1)
-        try:
-            out[key] = json.loads(value)
-        except json.JSONDecodeError:
-            out[key] = value
-    return out
 
 
 def paired(x: np.ndarray, base: np.ndarray) -> tuple[float, float, float]:

@@ -27,6 +27,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from stable_baselines3.common.callbacks import BaseCallback, CallbackList, CheckpointCallback  # noqa: E402
 
+from agents.cli import parse_settings  # noqa: E402
 from agents.heuristics import ROUTERS, ClusterLimits, RoundRobin, make_router  # noqa: E402
 from agents.hyperparams import hyperparams  # noqa: E402
 from agents.learners import ALGOS, PolicyRouter, behaviour_clone, check_algo, load_model, make_model  # noqa: E402
@@ -49,20 +50,6 @@ SERVING_TAGS = (
     "throughput_rps",
 )
 EVAL_SEED_BASE = 5_000  # held-out evaluation seeds; evaluate.py uses another range
-
-
-def parse_settings(pairs: list[str]) -> dict[str, Any]:
-    """`key=value` scenario overrides; values parsed as JSON when they can be (numbers, lists)."""
-    out: dict[str, Any] = {}
-    for pair in pairs:
-        if "=" not in pair:
-            raise ValueError(f"--set expects key=value, got {pair!r}")
-        key, value = pair.split("=", 1)
-        try:
-            out[key] = json.loads(value)
-        except json.JSONDecodeError:
-            out[key] = value
-    return out
 
 
 class ServingMetricsCallback(BaseCallback):
