@@ -64,11 +64,23 @@ METRICS = (
 )
 BALANCING = ("round-robin", "jsq")
 SKEWING = ("weighted-skew", "pack-load", "soonest-batch")
-GRIDS = {  # arrival scenario (burstiness) x load x batching regime; "tiny" is for smoke tests
-    "tiny": {"arrivals": ("bursty",), "loads": (0.3, 0.7), "schedulers": ("continuous",)},
-    "small": {"arrivals": ("steady", "bursty"), "loads": (0.3, 0.7), "schedulers": ("continuous", "dynamic")},
+# Burstiness levels of the regime map: a scenario and its arrival settings (Poisson, then on/off
+# bursts at 2x, 8x and 32x the base rate).
+ARRIVALS = {
+    "poisson": ("steady", {}),
+    "bursts x2": ("bursty", {"burst_ratio": 2.0}),
+    "bursts x8": ("bursty", {"burst_ratio": 8.0}),
+    "bursts x32": ("bursty", {"burst_ratio": 32.0}),
+}
+GRIDS = {  # burstiness x load x batching regime; "tiny" is for smoke tests
+    "tiny": {"arrivals": ("bursts x8",), "loads": (0.3, 0.7), "schedulers": ("continuous",)},
+    "small": {
+        "arrivals": ("poisson", "bursts x8"),
+        "loads": (0.3, 0.7),
+        "schedulers": ("continuous", "dynamic"),
+    },
     "large": {
-        "arrivals": ("steady", "bursty"),
+        "arrivals": tuple(ARRIVALS),
         "loads": (0.2, 0.4, 0.6, 0.8, 1.0),
         "schedulers": ("continuous", "dynamic"),
     },
@@ -175,14 +187,15 @@ def regime_map(
     rows = []
     cells = [(a, load, s) for s in grid["schedulers"] for a in grid["arrivals"] for load in grid["loads"]]
     for arrivals, load, scheduler in tqdm(cells, desc="regime map", unit="cell"):
-        cell = {**settings, "load": load, "scheduler": scheduler}
-        limits = ClusterLimits.of(arrivals, **cell)
+        scenario, arrival_settings = ARRIVALS[arrivals]
+        cell = {**settings, **arrival_settings, "load": load, "scheduler": scheduler}
+        limits = ClusterLimits.of(scenario, **cell)
         # soonest-batch is join-the-shortest-queue without a batching window: only a skew router on "dynamic"
         skewing = SKEWING if scheduler == "dynamic" else tuple(n for n in SKEWING if n != "soonest-batch")
         routers = [make_router(n, limits) for n in BALANCING + skewing]
         if learned is not None:
             routers.append(learned)
-        res = Rollout(arrivals, **cell).run(routers, seeds)
+        res = Rollout(scenario, **cell).run(routers, seeds)
         bal = min(BALANCING, key=lambda n: res[n].cost.mean())
         skew_names = [r.name for r in routers if r.name not in BALANCING]
         skew = min(skew_names, key=lambda n: res[n].cost.mean())

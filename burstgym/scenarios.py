@@ -21,6 +21,7 @@ from burstgym.latency import LatencyModel, Profile, load_profile
 from burstgym.traces import load_trace
 from burstgym.types import OBJECTIVES, SCHEDULERS, EnvConfig, EnvParams, NodeParams
 from burstgym.workload import (
+    ArrivalProcess,
     GammaArrivals,
     LogNormalLengths,
     MMPPArrivals,
@@ -59,6 +60,10 @@ class Settings:
     tpot_slo: float = 0.1  # seconds per output token
     reward_scale: float = 10.0  # rewards are divided by this
     rate_window: float = 2.0  # seconds, time constant of the observed arrival-rate estimate
+    burst_ratio: float = 8.0  # MMPP scenarios: arrival rate during a burst over the rate between bursts
+    burst_on: float = 2.0  # MMPP scenarios: mean burst length (s)
+    burst_off: float = 6.0  # MMPP scenarios: mean time between bursts (s)
+    arrival_cv: float = 2.0  # Gamma-renewal scenarios: coefficient of variation of the gaps
     prompt_median: float = 256.0  # log-normal prompt lengths (tokens)
     prompt_sigma: float = 1.0
     prompt_max: int = 4096
@@ -86,6 +91,9 @@ class Settings:
                 raise ValueError(f"scenario setting {name!r} must be a positive integer, got {v!r}")
         positive = (
             "load",
+            "burst_on",
+            "burst_off",
+            "arrival_cv",
             "reward_scale",
             "rate_window",
             "ttft_slo",
@@ -113,6 +121,10 @@ class Settings:
         if not isinstance(self.sleep_timeout, (int, float)) or not self.sleep_timeout >= 0:
             raise ValueError(
                 f"scenario setting 'sleep_timeout' must be >= 0 (inf: never), got {self.sleep_timeout!r}"
+            )
+        if not isinstance(self.burst_ratio, (int, float)) or not self.burst_ratio >= 1:
+            raise ValueError(
+                f"scenario setting 'burst_ratio' must be >= 1 (inf: silent gaps), got {self.burst_ratio!r}"
             )
         if self.scheduler not in SCHEDULERS:
             raise ValueError(
@@ -145,8 +157,13 @@ class Scenario:
 
     name: str
     reason: str
-    arrivals: Callable[[], object]  # the arrival process at a nominal rate of 1 req/s
+    arrivals: Callable[[Settings], ArrivalProcess]  # the arrival process at a nominal rate of 1 req/s
     settings: dict = field(default_factory=dict)
+
+
+def _bursts(s: Settings) -> MMPPArrivals:
+    """On/off bursts: `burst_ratio` times the base rate for ~`burst_on` s, every ~`burst_on + burst_off` s."""
+    return MMPPArrivals(rate=1.0, burst_ratio=s.burst_ratio, mean_on=s.burst_on, mean_off=s.burst_off)
 
 
 SCENARIOS: dict[str, Scenario] = {
@@ -156,33 +173,33 @@ SCENARIOS: dict[str, Scenario] = {
             "steady",
             "Poisson arrivals on continuous batching at moderate load: the baseline where balancing "
             "should be hard to beat.",
-            lambda: PoissonArrivals(rate=1.0),
+            lambda s: PoissonArrivals(rate=1.0),
         ),
         Scenario(
             "bursty",
             "Heavy on/off bursts (MMPP: 8x the base rate during bursts of ~2 s) on continuous batching: "
             "the regime the claim is about, where a burst reaching one node builds a big batch.",
-            lambda: MMPPArrivals(rate=1.0, burst_ratio=8.0, mean_on=2.0, mean_off=6.0),
+            _bursts,
         ),
         Scenario(
             "bursty-dynamic",
             "The same bursts on a batching window (Triton dynamic batcher): concentrating requests fills "
             "batches before the window expires, so skew may pay here if anywhere.",
-            lambda: MMPPArrivals(rate=1.0, burst_ratio=8.0, mean_on=2.0, mean_off=6.0),
+            _bursts,
             {"scheduler": "dynamic", "load": 0.5},
         ),
         Scenario(
             "energy",
             "Low load with sleep states and energy in the objective: consolidating traffic lets idle "
             "nodes sleep, at the price of wake-up delays and bigger batches.",
-            lambda: GammaArrivals(rate=1.0, cv=2.0),
+            lambda s: GammaArrivals(rate=1.0, cv=s.arrival_cv),
             {"load": 0.2, "sleep_timeout": 5.0, "wake_delay": 2.0, "energy_weight": 1e-3},
         ),
         Scenario(
             "overload",
             "Bursts beyond capacity on a memory-tight node (Llama-2-7B's 512 KiB/token KV cache on A100, "
             "long prompts): skew turns into preemptions and drops.",
-            lambda: MMPPArrivals(rate=1.0, burst_ratio=8.0, mean_on=2.0, mean_off=6.0),
+            _bursts,
             {
                 "load": 1.2,
                 "profile": "a100-llama-2-7b-tp1",
@@ -196,7 +213,7 @@ SCENARIOS: dict[str, Scenario] = {
             "trace",
             "Replay of a real trace (`trace=PATH`: Azure LLM 2023, BurstGPT or Mooncake), time-scaled to "
             "the load, with the trace's own prompt and output lengths.",
-            lambda: None,
+            lambda s: None,
             {"load": 0.7},
         ),
     )
@@ -213,7 +230,7 @@ def _workload(scenario: Scenario, s: Settings) -> Workload:
             raise ValueError("scenario 'trace' needs a trace file: make('trace', trace='path/to/file.csv')")
         return Workload(arrivals=TraceReplay(load_trace(s.trace)))
     return Workload(
-        arrivals=scenario.arrivals(),
+        arrivals=scenario.arrivals(s),
         prompt=LogNormalLengths(median=s.prompt_median, sigma=s.prompt_sigma, max_tokens=s.prompt_max),
         output=LogNormalLengths(median=s.output_median, sigma=s.output_sigma, max_tokens=s.output_max),
     )

@@ -77,12 +77,25 @@ def test_unknown_scenario_lists_valid_ones() -> None:
 @pytest.mark.parametrize(
     ("setting", "field"),
     [({"n_nodez": 4}, "n_nodez"), ({"load": -1.0}, "load"), ({"n_nodes": 0}, "n_nodes"),
-     ({"scheduler": "static"}, "scheduler"), ({"queue_capacity": 2.5}, "queue_capacity")],
+     ({"scheduler": "static"}, "scheduler"), ({"queue_capacity": 2.5}, "queue_capacity"),
+     ({"burst_ratio": 0.5}, "burst_ratio"), ({"arrival_cv": 0.0}, "arrival_cv")],
 )
 def test_bad_setting_names_the_field(setting, field) -> None:
     """Unknown or invalid settings are refused with the setting named."""
     with pytest.raises(ValueError, match=f"'{field}'"):
         gym.make("BurstBalance-v0", scenario="bursty", **setting)
+
+
+def test_burstiness_settings_shape_the_arrivals() -> None:
+    """`burst_ratio` and `arrival_cv` reach the arrival process; load keeps the same mean rate."""
+    from burstgym import scenarios
+
+    mild, _ = scenarios.make("bursty", burst_ratio=2.0)
+    heavy, _ = scenarios.make("bursty", burst_ratio=32.0)
+    assert (mild.workload.arrivals.burst_ratio, heavy.workload.arrivals.burst_ratio) == (2.0, 32.0)
+    assert mild.workload.mean_rate == pytest.approx(heavy.workload.mean_rate)
+    gamma, _ = scenarios.make("energy", arrival_cv=5.0)
+    assert gamma.workload.arrivals.cv == 5.0
 
 
 @pytest.mark.parametrize("action", [4, -1, 1.0, np.array([0, 1]), "0"])
