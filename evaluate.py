@@ -183,7 +183,11 @@ def plot_share(path: Path, scenario: str, results: dict[str, Episodes]) -> None:
 def regime_map(
     grid: dict, settings: dict[str, Any], seeds: list[int], learned: PolicyRouter | None
 ) -> pd.DataFrame:
-    """Best skew-taking router against best balancing router in each cell of the grid."""
+    """Best skew-taking heuristic against best balancing heuristic in each cell of the grid.
+
+    The learned router, when given, is measured against the same best balancing router in its
+    own columns: whether it skews is what it learned, not something to assume.
+    """
     rows = []
     cells = [(a, load, s) for s in grid["schedulers"] for a in grid["arrivals"] for load in grid["loads"]]
     for arrivals, load, scheduler in tqdm(cells, desc="regime map", unit="cell"):
@@ -197,8 +201,7 @@ def regime_map(
             routers.append(learned)
         res = Rollout(scenario, **cell).run(routers, seeds)
         bal = min(BALANCING, key=lambda n: res[n].cost.mean())
-        skew_names = [r.name for r in routers if r.name not in BALANCING]
-        skew = min(skew_names, key=lambda n: res[n].cost.mean())
+        skew = min(skewing, key=lambda n: res[n].cost.mean())
         d, half, pct = paired(res[skew].cost, res[bal].cost)
         row = {
             "arrivals": arrivals,
@@ -210,6 +213,11 @@ def regime_map(
             "ci_pct": 100 * half / res[bal].cost.mean(),
             "significant": bool(abs(d) > half),
         }
+        if learned is not None:
+            d, half, pct = paired(res[learned.name].cost, res[bal].cost)
+            row["learned_vs_balancing_pct"] = pct
+            row["learned_significant"] = bool(abs(d) > half)
+            row["learned_skew_index"] = float(res[learned.name].metrics["skew_index"].mean())
         for n, ep in res.items():
             row[f"objective[{n}]"] = float(ep.cost.mean())
         rows.append(row)
