@@ -20,6 +20,7 @@ from burstgym.types import (
     BUSY,
     EMPTY,
     IDLE,
+    NO_REQUEST,
     RUNNING,
     WAITING,
     WAKING,
@@ -131,11 +132,10 @@ def _handle_events(
     ending_s = ending[:, None]
     first = res.first_token & ending_s
     done = res.finished & ending_s
-    no_req = jnp.iinfo(jnp.int32).max
-    first_token = log.first_token.at[jnp.where(first, res.finished_req, no_req)].set(
+    first_token = log.first_token.at[jnp.where(first, res.finished_req, NO_REQUEST)].set(
         jnp.broadcast_to(tau_s, first.shape), mode="drop"
     )
-    finish = log.finish.at[jnp.where(done, res.finished_req, no_req)].set(
+    finish = log.finish.at[jnp.where(done, res.finished_req, NO_REQUEST)].set(
         jnp.broadcast_to(tau_s, done.shape), mode="drop"
     )
     slots = tree_where(ending, res.slots, slots)
@@ -159,7 +159,7 @@ def _handle_events(
         plan = jax.vmap(scheduler.plan_dynamic)(slots, ncfg)
     preempted = plan.preempted & start_ok[:, None]
     log = log._replace(
-        preemptions=log.preemptions.at[jnp.where(preempted, slots.req, no_req)].add(1, mode="drop")
+        preemptions=log.preemptions.at[jnp.where(preempted, slots.req, NO_REQUEST)].add(1, mode="drop")
     )
     slots = tree_where(start_ok, plan.slots, slots)
     started = start_ok & plan.started
