@@ -233,11 +233,8 @@ def route(
     p = params.nodes
     # Close the holes finished requests left, so the arrival lands after the queue's tail.
     slots = jax.vmap(scheduler.compact)(slots)
-    s_status = slots.status[node]
-    n_wait = (s_status == WAITING).sum()
-    free = s_status == EMPTY
-    accept = (n_wait < p.queue_capacity[node]) & free.any()
-    slot = jnp.argmax(free)
+    accept = ~would_drop(slots, params)[node]
+    slot = jnp.argmax(slots.status[node] == EMPTY)
 
     def put(field: jax.Array, value) -> jax.Array:
         return field.at[node, slot].set(jnp.where(accept, value, field[node, slot]))
