@@ -1,73 +1,111 @@
-"""Nominal capacity: the request rate a node sustains, so a scenario's load means the same on any GPU.
+"""Node capacity: the request rate a node sustains at saturation, so "load" means the same on any GPU.
 
 A scenario gives load as a fraction of the cluster's capacity; the arrival rate is
-`load x sum over nodes of capacity_rps(node)`. Capacity is the saturation throughput of the
-node's scheduler at its largest batch, from the latency model and the mean request lengths:
+`load x sum over nodes of capacity_rps(node)`. Load 1.0 is the saturation point of the workload
+actually replayed: the throughput of a node whose queue never empties, computed from the
+latency model and a sample of the workload's request lengths (not only their means), including
+what binds for long prompts:
 
-- continuous batching: the running set holds `b = min(max_num_seqs, kv_capacity / (P + O/2))`
-  sequences (mean prompt P, mean output O; a sequence holds on average P + O/2 KV tokens).
-  Each request occupies O iterations, so one iteration completes b/O requests; an iteration
-  decodes b sequences over b (P + O/2) KV tokens and prefills the newcomers' b P / O tokens.
-  Capacity = b / (O x iteration time).
-- dynamic batching: a full batch of `max_batch_size` requests prefills together, then decodes
-  until its longest member is done (E[max of the batch's outputs] iterations, from samples of
-  the length distribution), with the mean number of members still decoding.
-  Capacity = max_batch_size / batch time.
+- continuous batching: the running set holds `b` sequences, the fewest of `max_num_seqs`, the
+  KV-limited count `kv_capacity / C` and the token-budget-limited count. `C` is the KV a
+  sequence holds averaged over its decode iterations, `E[O (P + O / 2)] / E[O]` (long outputs
+  hold their context longer); a request takes `E[O] + E[ceil(P / budget)] - 1` iterations
+  (chunked prefill), so an iteration completes `b / I` requests and carries their prompts:
+  `b E[P] / I` prefill tokens and `b E[P (P + 1) / 2] / I` attention pairs (quadratic in the
+  prompt), beside `b (E[O] - 1) / I` decoding sequences over their KV. The budget bounds `b` by
+  `budget x I / (E[P] + E[O] - 1)`. Capacity = `b / (I x iteration time)`.
+- dynamic batching: a full batch of `max_batch_size` requests prefills together (padded to its
+  longest prompt, with `padding`), then decodes until its longest member is done (every row
+  with padding, the unfinished members without); sampled batches give the expectations.
+  Capacity = `max_batch_size / E[batch time]`.
 
-This is a nominal figure (no queueing, no chunking or preemption effects): load 1.0 is the
-point past which queues must grow, not a measured throughput.
+Prefix-cache hits are not counted (they depend on routing): with shared prefixes a cluster can
+carry more than load 1.0 of the same workload. `tests/test_capacity.py` holds the figure to the
+simulator: at load 0.9 queues stay bounded, at 1.1 they grow.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import jax
 import numpy as np
 
 from burstgym.latency import LatencyModel, step_time
+from burstgym.workload import Workload
+
+SAMPLE = 8192  # requests drawn to estimate the length moments
+SEED = 12345
+
+
+class Capacity(NamedTuple):
+    """A node's saturation throughput and how many requests it then holds."""
+
+    rps: float  # requests per second
+    concurrency: float  # requests in the running set (continuous) or batch (dynamic) at saturation
 
 
 def _seconds(model: LatencyModel, prefill: float, decode: float, kv: float, pairs: float) -> float:
     return float(step_time(model, prefill, decode, kv, pairs))
 
 
-def continuous_capacity_rps(
+def sample_lengths(workload: Workload, n: int = SAMPLE, seed: int = SEED) -> tuple[np.ndarray, np.ndarray]:
+    """(prompts, outputs) of `n` requests drawn from the workload, as float arrays."""
+    req = workload.sample(jax.random.key(seed), n)
+    return np.asarray(req.prompt, dtype=np.float64), np.asarray(req.output, dtype=np.float64)
+
+
+def continuous_capacity(
     model: LatencyModel,
     speed: float,
     max_num_seqs: int,
+    max_num_batched_tokens: int,
     kv_capacity_tokens: int,
-    mean_prompt: float,
-    mean_output: float,
-) -> float:
-    """Saturation request rate of one continuous-batching node (see module docstring)."""
-    ctx = mean_prompt + mean_output / 2.0
-    b = max(1.0, min(float(max_num_seqs), kv_capacity_tokens / ctx))
-    per_iter = b / mean_output
+    prompts: np.ndarray,
+    outputs: np.ndarray,
+) -> Capacity:
+    """Saturation throughput of one continuous-batching node (see the module docstring)."""
+    p, o = prompts, outputs
+    held = float(np.mean(o * (p + o / 2.0)) / np.mean(o))
+    iterations = float(np.mean(o) + np.mean(np.ceil(p / max_num_batched_tokens)) - 1.0)
+    per_iter_tokens = float(np.mean(p) + np.mean(o) - 1.0) / iterations  # tokens per running request
+    b = min(float(max_num_seqs), kv_capacity_tokens / held, max_num_batched_tokens / per_iter_tokens)
+    b = max(b, 1.0)
+    done = b / iterations
+    decode = b * float(np.mean(o) - 1.0) / iterations
     t = speed * _seconds(
-        model, per_iter * mean_prompt, b, b * ctx, per_iter * mean_prompt * (mean_prompt + 1) / 2.0
+        model, done * float(np.mean(p)), decode, decode * held, done * float(np.mean(p * (p + 1.0) / 2.0))
     )
-    return per_iter / t
+    return Capacity(done / t, b)
 
 
-def dynamic_capacity_rps(
+def dynamic_capacity(
     model: LatencyModel,
     speed: float,
     max_batch_size: int,
-    mean_prompt: float,
+    prompts: np.ndarray,
     outputs: np.ndarray,
-) -> float:
-    """Saturation request rate of one dynamic-batching node, given a sample of output lengths."""
+    padding: bool,
+) -> Capacity:
+    """Saturation throughput of one dynamic-batching node, from batches of sampled requests."""
     b = int(max_batch_size)
     n = (len(outputs) // b) * b
-    batches = np.asarray(outputs[:n], dtype=float).reshape(-1, b)
-    longest = float(batches.max(axis=1).mean())
-    mean_out = float(batches.mean())
-    prefill = _seconds(model, b * mean_prompt, 0.0, 0.0, b * mean_prompt * (mean_prompt + 1) / 2.0)
-    steps = max(longest - 1.0, 0.0)
-    active = b * max(mean_out - 1.0, 0.0) / max(steps, 1e-9) if steps > 0 else 0.0
-    decode = _seconds(model, 0.0, active, active * (mean_prompt + mean_out / 2.0), 0.0) if steps > 0 else 0.0
-    return b / (speed * (prefill + steps * decode))
-
-
-def sample_outputs(workload, n: int = 8192, seed: int = 12345) -> np.ndarray:
-    """Output lengths drawn from a workload (for the dynamic-batching capacity)."""
-    return np.asarray(workload.sample(jax.random.key(seed), n).output)
+    bp = prompts[:n].reshape(-1, b)
+    bo = outputs[:n].reshape(-1, b)
+    times = []
+    for ps, os_ in zip(bp[:64], bo[:64], strict=True):
+        if padding:
+            top = float(ps.max())
+            prefill = _seconds(model, b * top, 0.0, 0.0, b * top * (top + 1) / 2.0)
+            g = np.arange(1, int(os_.max()), dtype=np.float64)
+            decode = float(np.sum(np.asarray(step_time(model, 0.0, float(b), b * (top + g - 1.0), 0.0))))
+        else:
+            prefill = _seconds(model, float(ps.sum()), 0.0, 0.0, float((ps * (ps + 1) / 2).sum()))
+            g = np.arange(1, int(os_.max()))[:, None]
+            alive = (os_[None, :] > g).astype(float)
+            rows = alive.sum(axis=1)
+            kv = (alive * (ps[None, :] + g - 1)).sum(axis=1)
+            keep = rows > 0
+            decode = float(np.sum(np.asarray(step_time(model, 0.0, rows[keep], kv[keep], 0.0))))
+        times.append(prefill + decode)
+    return Capacity(b / (speed * float(np.mean(times))), float(b))

@@ -2,9 +2,10 @@
 
 Between two arrivals the nodes do not interact, so `advance` runs one `jax.lax.while_loop` in
 which each pass handles the next event of every node at once (vectorised over nodes): an
-iteration ending, a node waking or falling asleep, a new iteration starting. Latency and energy
-are accrued per node between its events: by Little's law the latency accrued over an interval is
-the integral of the number of requests in the node (see docs/semantics.md, "Objective").
+iteration (or a folded run of decode iterations) ending, a node waking or falling asleep, a new
+iteration starting. Latency and energy are accrued per node between its events: by Little's law
+the latency accrued over an interval is the integral of the number of requests in the node (see
+docs/semantics.md, "Objective"). Times are relative to the current arrival.
 """
 
 from __future__ import annotations
@@ -14,13 +15,15 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from burstgym import prefix_cache as pc
 from burstgym import scheduler
+from burstgym.prefix_cache import Chunks
 from burstgym.types import (
     ASLEEP,
     BUSY,
     EMPTY,
+    ERROR_SLOT_OVERFLOW,
     IDLE,
-    NO_REQUEST,
     RUNNING,
     WAITING,
     WAKING,
@@ -28,19 +31,30 @@ from burstgym.types import (
     EnvParams,
     NodeParams,
     NodeState,
-    RequestLog,
+    PrefixCache,
     Slots,
 )
+from burstgym.workload import Requests
 
-# A safety net, far above any real episode: a runaway loop stops instead of hanging the process.
-MAX_EVENTS_PER_ADVANCE = 10_000_000
+# Far above any real stretch between two arrivals (each pass handles one event per node); a loop
+# that reaches it stops and sets ERROR_RUNAWAY, which the Python faces raise.
+MAX_EVENTS_PER_ADVANCE = 1_000_000
 
 
 class Accrual(NamedTuple):
     """What the objective accrued during one step, per node ([N] each)."""
 
     latency_s: jax.Array  # request-seconds spent in the node (waiting or running)
+    ttft_s: jax.Array  # request-seconds spent waiting for a first token
     energy_j: jax.Array  # joules drawn
+
+
+class Cluster(NamedTuple):
+    """The parts of the state the event loop changes."""
+
+    slots: Slots
+    nodes: NodeState
+    cache: PrefixCache
 
 
 def _bcast(mask: jax.Array, x: jax.Array) -> jax.Array:
@@ -56,6 +70,7 @@ def node_configs(nodes: NodeParams) -> scheduler.NodeConfig:
     """The scheduler's view of the node parameters (still [N] per field; vmap slices it)."""
     return scheduler.NodeConfig(
         latency=nodes.latency,
+        power=nodes.power,
         speed=nodes.speed,
         max_num_seqs=nodes.max_num_seqs,
         max_num_batched_tokens=nodes.max_num_batched_tokens,
@@ -66,17 +81,36 @@ def node_configs(nodes: NodeParams) -> scheduler.NodeConfig:
     )
 
 
+class Geometry(NamedTuple):
+    """Prefix chunks of the requests in the slots and of every chunk id (fixed during a step)."""
+
+    chunks: Chunks  # [N, S, B] each
+    blocks_u: jax.Array  # [N, U] int32 KV blocks of each chunk id on each node
+
+
+def geometry(slots: Slots, requests: Requests, params: EnvParams, cfg: EnvConfig) -> Geometry | None:
+    """The prefix geometry of the current slots (None without prefix caching)."""
+    if not cfg.prefix_caching:
+        return None
+    bs = params.nodes.block_size
+    chunks = jax.vmap(pc.slot_chunks, in_axes=(None, 0, None, 0))(requests, slots.req, cfg.chunk_tokens, bs)
+    blocks_u = jax.vmap(pc.chunk_blocks, in_axes=(None, 0))(requests, bs)
+    return Geometry(chunks, blocks_u)
+
+
 def _start_time(slots: Slots, nodes: NodeState, params: EnvParams, cfg: EnvConfig) -> jax.Array:
     """[N] earliest time at which each node, if idle, can start an iteration (inf: not now)."""
-    has_req = (slots.status != EMPTY).any(axis=1)
+    has_req = scheduler.occupied(slots).any(axis=1)
     if cfg.scheduler == "continuous":
         return jnp.where(has_req, nodes.last_time, jnp.inf)
-    return jax.vmap(scheduler.dynamic_can_start)(slots, node_configs(params.nodes), nodes.last_time)
+    return jax.vmap(scheduler.dynamic_can_start)(
+        slots, nodes.batch_rows, node_configs(params.nodes), nodes.last_time
+    )
 
 
 def next_event(slots: Slots, nodes: NodeState, params: EnvParams, cfg: EnvConfig) -> jax.Array:
     """[N] time of each node's next event (docs/semantics.md, "Node state")."""
-    has_req = (slots.status != EMPTY).any(axis=1)
+    has_req = scheduler.occupied(slots).any(axis=1)
     start = _start_time(slots, nodes, params, cfg)
     sleep = jnp.where(has_req, jnp.inf, nodes.idle_since + params.nodes.sleep_timeout)
     idle = jnp.minimum(start, sleep)
@@ -90,7 +124,9 @@ def next_event(slots: Slots, nodes: NodeState, params: EnvParams, cfg: EnvConfig
 def _power(nodes: NodeState, params: EnvParams) -> jax.Array:
     p = params.nodes
     return jnp.where(
-        nodes.phase == BUSY, p.busy_power_w, jnp.where(nodes.phase == ASLEEP, p.sleep_power_w, p.idle_power_w)
+        nodes.phase == BUSY,
+        nodes.busy_w,
+        jnp.where(nodes.phase == ASLEEP, p.sleep_power_w, p.power.idle_w),
     )
 
 
@@ -99,114 +135,150 @@ def accrue(
 ) -> tuple[NodeState, Accrual]:
     """Accrue latency and energy on the masked nodes from their `last_time` to `until` ([N])."""
     dt = jnp.where(mask, until - nodes.last_time, 0.0)
-    in_node = (slots.status != EMPTY).sum(axis=1)
+    held = scheduler.occupied(slots)
+    in_node = held.sum(axis=1)
+    no_token = (held & jnp.isnan(slots.ttft)).sum(axis=1)
     energy = _power(nodes, params) * dt
     nodes = nodes._replace(
         last_time=jnp.where(mask, until, nodes.last_time),
         energy_j=nodes.energy_j + energy,
         busy_s=nodes.busy_s + jnp.where(nodes.phase == BUSY, dt, 0.0),
     )
-    return nodes, acc._replace(latency_s=acc.latency_s + in_node * dt, energy_j=acc.energy_j + energy)
+    acc = Accrual(acc.latency_s + in_node * dt, acc.ttft_s + no_token * dt, acc.energy_j + energy)
+    return nodes, acc
 
 
 def _handle_events(
-    slots: Slots,
-    nodes: NodeState,
-    log: RequestLog,
+    c: Cluster,
     acc: Accrual,
     tau: jax.Array,
     active: jax.Array,
     until: jax.Array,
+    geo: Geometry | None,
     params: EnvParams,
     cfg: EnvConfig,
-) -> tuple[Slots, NodeState, RequestLog, Accrual]:
+) -> tuple[Cluster, Accrual]:
     """Handle the next event (at `tau`, [N]) of every active node (docs/semantics.md, "Handling a
     node event"); a new iteration that starts a stretch of identical decodes before `until`
     covers the whole stretch (`scheduler.decode_run`)."""
+    slots, nodes, cache = c
     nodes, acc = accrue(slots, nodes, acc, tau, active, params)
-    tau_s = tau[:, None]
+    ncfg = node_configs(params.nodes)
 
-    # 1. An iteration ends: tokens land, first tokens and finishes are logged.
+    # 1. An iteration (or a run) ends: tokens land, first tokens and finishes are recorded.
     ending = active & (nodes.phase == BUSY)
-    res = jax.vmap(scheduler.finish_iteration)(slots, nodes.repeat)
-    ending_s = ending[:, None]
-    first = res.first_token & ending_s
-    done = res.finished & ending_s
-    first_token = log.first_token.at[jnp.where(first, res.finished_req, NO_REQUEST)].set(
-        jnp.broadcast_to(tau_s, first.shape), mode="drop"
+    res = jax.vmap(scheduler.finish_iteration)(
+        slots, nodes.repeat, nodes.iter_start, nodes.run_d0, nodes.run_growth
     )
-    finish = log.finish.at[jnp.where(done, res.finished_req, NO_REQUEST)].set(
-        jnp.broadcast_to(tau_s, done.shape), mode="drop"
-    )
+    done = res.finished & ending[:, None]
+    if geo is not None:
+        released, pinned = jax.vmap(scheduler.release_finished)(cache, res.slots, done, geo.chunks)
+        cache = tree_where(ending, released, cache)
+        res = res._replace(slots=pinned)
     slots = tree_where(ending, res.slots, slots)
-    log = log._replace(first_token=first_token, finish=finish)
+    batch_over = ending & ~(slots.status == RUNNING).any(axis=1)
+    nodes = nodes._replace(batch_rows=jnp.where(batch_over, 0, nodes.batch_rows))
 
     # 2-3. Iteration over or woken: idle. Idle, empty and past the timeout: asleep.
     to_idle = ending | (active & (nodes.phase == WAKING))
     phase = jnp.where(to_idle, IDLE, nodes.phase)
     idle_since = jnp.where(to_idle, tau, nodes.idle_since)
-    empty = ~(slots.status != EMPTY).any(axis=1)
+    empty = ~scheduler.occupied(slots).any(axis=1)
     asleep = active & (phase == IDLE) & empty & (tau >= idle_since + params.nodes.sleep_timeout)
     phase = jnp.where(asleep, ASLEEP, phase)
     nodes = nodes._replace(phase=phase, idle_since=idle_since)
 
     # 4. Start the next iteration where the scheduler allows it.
     start_ok = active & (phase == IDLE) & (_start_time(slots, nodes, params, cfg) <= tau)
-    ncfg = node_configs(params.nodes)
     if cfg.scheduler == "continuous":
-        plan = jax.vmap(scheduler.plan_continuous)(slots, ncfg)
+        if geo is None:
+            plan = jax.vmap(lambda s, n, k: scheduler.plan_continuous(s, n, k, None, None))(
+                slots, ncfg, cache
+            )
+        else:
+            plan = jax.vmap(scheduler.plan_continuous)(slots, ncfg, cache, geo.chunks, geo.blocks_u)
+        mode = "continuous"
     else:
-        plan = jax.vmap(scheduler.plan_dynamic)(slots, ncfg)
-    preempted = plan.preempted & start_ok[:, None]
-    log = log._replace(
-        preemptions=log.preemptions.at[jnp.where(preempted, slots.req, NO_REQUEST)].add(1, mode="drop")
-    )
-    slots = tree_where(start_ok, plan.slots, slots)
-    started = start_ok & plan.started
+        plan = jax.vmap(scheduler.plan_dynamic, in_axes=(0, 0, 0, 0, None))(
+            slots, nodes.batch_rows, nodes.batch_prompt, ncfg, cfg.padding
+        )
+        plan = plan._replace(cache=cache)
+        mode = "padded" if cfg.padding else "unpadded"
+    new_slots = plan.slots
+    if geo is not None:
+        private = jax.vmap(scheduler.kv_blocks_used)(new_slots, geo.chunks, params.nodes.block_size)
+        held_blocks = jax.vmap(lambda k, b: pc.usage(k, b)[0])(plan.cache, geo.blocks_u)
+        held = jax.vmap(pc.present)(plan.cache)
+    else:
+        private = jax.vmap(scheduler.kv_blocks_used, in_axes=(0, None, 0))(
+            new_slots, None, params.nodes.block_size
+        )
+        held_blocks, held = 0, None
+    free = params.nodes.kv_blocks - private - held_blocks
     room = until - tau
-    repeat, duration = jax.vmap(scheduler.decode_run, in_axes=(0, 0, 0, None))(
-        plan, ncfg, room, cfg.scheduler == "continuous"
-    )
+    if geo is None:
+        run = jax.vmap(lambda pl, k, r, f: scheduler.decode_run(pl, k, r, f, mode, None, None))(
+            plan, ncfg, room, free
+        )
+    else:
+        run = jax.vmap(lambda pl, k, r, f, ch, h: scheduler.decode_run(pl, k, r, f, mode, ch, h))(
+            plan, ncfg, room, free, geo.chunks, held
+        )
+    slots = tree_where(start_ok, new_slots, slots)
+    if cfg.prefix_caching:
+        cache = tree_where(start_ok, plan.cache, cache)
+    started = start_ok & plan.started
+    stats = plan.stats
+    watts = run.energy / jnp.where(run.duration > 0, run.duration, 1.0)
     nodes = nodes._replace(
         phase=jnp.where(started, BUSY, nodes.phase),
-        iter_end=jnp.where(started, tau + duration, nodes.iter_end),
-        repeat=jnp.where(started, repeat, nodes.repeat),
+        iter_start=jnp.where(started, tau, nodes.iter_start),
+        iter_end=jnp.where(started, tau + run.duration, nodes.iter_end),
+        repeat=jnp.where(started, run.repeat, nodes.repeat),
+        run_d0=jnp.where(started, plan.duration, nodes.run_d0),
+        run_growth=jnp.where(started, run.growth, nodes.run_growth),
+        busy_w=jnp.where(started, watts, nodes.busy_w),
+        batch_rows=jnp.where(started, plan.batch_rows, nodes.batch_rows),
+        batch_prompt=jnp.where(started, plan.batch_prompt, nodes.batch_prompt),
+        prefill_tokens=nodes.prefill_tokens
+        + jnp.where(started, plan.shape.prefill_tokens, 0).astype(jnp.int32),
+        saved_tokens=nodes.saved_tokens + jnp.where(start_ok, stats.saved, 0),
+        hit_tokens=nodes.hit_tokens + jnp.where(start_ok, stats.first_hit, 0),
+        admitted_prompt=nodes.admitted_prompt + jnp.where(start_ok, stats.first_prompt, 0),
     )
-    return slots, nodes, log, acc
+    return Cluster(slots, nodes, cache), acc
 
 
 def advance(
-    slots: Slots,
-    nodes: NodeState,
-    log: RequestLog,
+    c: Cluster,
     acc: Accrual,
     until: jax.Array,
     drain: jax.Array,
+    geo: Geometry | None,
     params: EnvParams,
     cfg: EnvConfig,
-) -> tuple[Slots, NodeState, RequestLog, Accrual]:
-    """Process every node event at a time <= `until`.
+) -> tuple[Cluster, Accrual, jax.Array]:
+    """Process every node event at a time <= `until`; returns (cluster, accrual, runaway flag).
 
     With `drain`, only nodes that still hold requests are advanced (used with `until = inf` to
     finish every request at the end of an episode). Accrual is left at each node's last event.
     """
 
-    def due(s: Slots, n: NodeState) -> tuple[jax.Array, jax.Array]:
-        tau = next_event(s, n, params, cfg)
-        holds = (s.status != EMPTY).any(axis=1)
+    def due(k: Cluster) -> tuple[jax.Array, jax.Array]:
+        tau = next_event(k.slots, k.nodes, params, cfg)
+        holds = scheduler.occupied(k.slots).any(axis=1)
         return tau, (tau <= until) & (holds | ~drain)
 
     def cond(carry):
-        return carry[5].any() & (carry[6] < MAX_EVENTS_PER_ADVANCE)
+        return carry[3].any() & (carry[4] < MAX_EVENTS_PER_ADVANCE)
 
     def body(carry):
-        s, n, lg, a, tau, active, count = carry
-        s, n, lg, a = _handle_events(s, n, lg, a, tau, active, until, params, cfg)
-        return (s, n, lg, a, *due(s, n), count + 1)
+        k, a, tau, active, count = carry
+        k, a = _handle_events(k, a, tau, active, until, geo, params, cfg)
+        return (k, a, *due(k), count + 1)
 
-    init = (slots, nodes, log, acc, *due(slots, nodes), jnp.int32(0))
-    slots, nodes, log, acc, *_ = jax.lax.while_loop(cond, body, init)
-    return slots, nodes, log, acc
+    k, a, _, active, count = jax.lax.while_loop(cond, body, (c, acc, *due(c), jnp.int32(0)))
+    return k, a, active.any() & (count >= MAX_EVENTS_PER_ADVANCE)
 
 
 class Routed(NamedTuple):
@@ -214,65 +286,80 @@ class Routed(NamedTuple):
 
     slots: Slots
     nodes: NodeState
-    log: RequestLog
     dropped: jax.Array  # [] bool
+    error: jax.Array  # [] int32, ERROR_SLOT_OVERFLOW when the node's slot table was full
 
 
 def route(
     slots: Slots,
     nodes: NodeState,
-    log: RequestLog,
     req: jax.Array,
-    arrival: jax.Array,
     prompt: jax.Array,
     output: jax.Array,
     node: jax.Array,
     params: EnvParams,
 ) -> Routed:
-    """Send request `req` to `node`: join its waiting queue, or be dropped if the queue is full."""
+    """Send request `req`, arriving now (time 0), to `node`: join its queue, or be dropped if it is full.
+
+    The slot table holds `EnvConfig.slots` requests per node; an accepted request that finds no
+    free slot is not served and sets ERROR_SLOT_OVERFLOW (the Python faces raise it): a table
+    too small for the scenario is an error, never a silent drop.
+    """
     p = params.nodes
-    # Close the holes finished requests left, so the arrival lands after the queue's tail.
-    slots = jax.vmap(scheduler.compact)(slots)
     accept = ~would_drop(slots, params)[node]
-    slot = jnp.argmax(slots.status[node] == EMPTY)
+    free = slots.status[node] == EMPTY
+    overflow = accept & ~free.any()
+    slot = jnp.argmax(free)
+    put_ok = accept & ~overflow
 
     def put(field: jax.Array, value) -> jax.Array:
-        return field.at[node, slot].set(jnp.where(accept, value, field[node, slot]))
+        return field.at[node, slot].set(jnp.where(put_ok, value, field[node, slot]))
 
+    fdt = slots.arrival.dtype
     slots = Slots(
         req=put(slots.req, req),
         status=put(slots.status, WAITING),
-        arrival=put(slots.arrival, arrival),
+        arrival=put(slots.arrival, jnp.zeros((), fdt)),
         prompt=put(slots.prompt, prompt),
         output=put(slots.output, output),
         computed=put(slots.computed, 0),
         generated=put(slots.generated, 0),
         sched=put(slots.sched, 0),
+        pin=put(slots.pin, 0),
+        hit=put(slots.hit, -1),
+        preempted=put(slots.preempted, 0),
+        ttft=put(slots.ttft, jnp.full((), jnp.nan, fdt)),
+        e2e=put(slots.e2e, jnp.full((), jnp.nan, fdt)),
     )
-    wakes = accept & (nodes.phase[node] == ASLEEP)
+    wakes = put_ok & (nodes.phase[node] == ASLEEP)
     nodes = nodes._replace(
         phase=nodes.phase.at[node].set(jnp.where(wakes, WAKING, nodes.phase[node])),
-        wake_end=nodes.wake_end.at[node].set(
-            jnp.where(wakes, arrival + p.wake_delay[node], nodes.wake_end[node])
-        ),
+        wake_end=nodes.wake_end.at[node].set(jnp.where(wakes, p.wake_delay[node], nodes.wake_end[node])),
         routed=nodes.routed.at[node].add(1),
     )
-    log = log._replace(node=log.node.at[req].set(node), dropped=log.dropped.at[req].set(~accept))
-    return Routed(slots, nodes, log, ~accept)
+    return Routed(slots, nodes, ~accept, jnp.where(overflow, ERROR_SLOT_OVERFLOW, 0).astype(jnp.int32))
 
 
 def would_drop(slots: Slots, params: EnvParams) -> jax.Array:
-    """[N] bool: whether a request routed to each node now would be dropped."""
+    """[N] bool: whether a request routed to each node now would be dropped (its queue is full)."""
     n_wait = (slots.status == WAITING).sum(axis=1)
-    full = ~(slots.status == EMPTY).any(axis=1)
-    return (n_wait >= params.nodes.queue_capacity) | full
+    return n_wait >= params.nodes.queue_capacity
 
 
-def kv_utilisation(slots: Slots, params: EnvParams, cfg: EnvConfig) -> jax.Array:
-    """[N] fraction of KV capacity in use (dynamic batching: context tokens of the batch)."""
+def kv_utilisation(slots: Slots, cache: PrefixCache, geo: Geometry | None, params: EnvParams, cfg: EnvConfig):
+    """([N] fraction of KV blocks held by running requests, [N] fraction held by the prefix cache).
+
+    The first is what vLLM reports as KV-cache usage (cached blocks no request holds are free to
+    reuse); for dynamic batching it is the batch's context tokens over the KV capacity.
+    """
     p = params.nodes
-    if cfg.scheduler == "continuous":
-        used = jax.vmap(scheduler.kv_blocks_used)(slots, p.block_size)
-        return used / jnp.maximum(p.kv_blocks, 1)
-    ctx = jnp.where(slots.status == RUNNING, slots.prompt + slots.generated, 0).sum(axis=1)
-    return ctx / jnp.maximum(p.kv_blocks * p.block_size, 1)
+    if cfg.scheduler == "dynamic":
+        ctx = jnp.where(slots.status == RUNNING, slots.prompt + slots.generated, 0).sum(axis=1)
+        return ctx / jnp.maximum(p.kv_blocks * p.block_size, 1), jnp.zeros_like(p.speed)
+    if geo is None:
+        private = jax.vmap(scheduler.kv_blocks_used, in_axes=(0, None, 0))(slots, None, p.block_size)
+        return private / jnp.maximum(p.kv_blocks, 1), jnp.zeros_like(p.speed)
+    private = jax.vmap(scheduler.kv_blocks_used)(slots, geo.chunks, p.block_size)
+    held, pinned = jax.vmap(pc.usage)(cache, geo.blocks_u)
+    total = jnp.maximum(p.kv_blocks, 1)
+    return (private + pinned) / total, held / total

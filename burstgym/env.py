@@ -8,22 +8,93 @@ inside jit (the reset branch is a `lax.cond` taken only when an episode ends).
 - Observation: `burstgym.observation` (float32 vector, every field documented there).
 - Action: the index of the node that receives the arriving request.
 - Reward: `burstgym.reward` (minus the objective accrued in the step).
-- Episode: `episode_length` arrivals; the last step drains every accepted request, so each
-  request's full latency is in the episode (the step returns `done`, a truncation in Gymnasium).
+- Episode: `horizon` arrivals (`episode_length`, or fewer for a staggered first episode). With
+  `end="drain"` the last step serves every accepted request, so each request's full latency is
+  in the episode and the end is a termination; with `end="cut"` the episode stops at the next
+  arrival, requests still in flight are not charged, and the end is a truncation.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
-from burstgym import cluster
+from burstgym import cluster, scheduler
+from burstgym.cluster import Accrual, Cluster
+from burstgym.latency import step_time
 from burstgym.metrics import episode_metrics
-from burstgym.observation import observe
-from burstgym.reward import slo_met, step_reward
-from burstgym.types import EMPTY, IDLE, NO_REQUEST, EnvConfig, EnvParams, NodeState, RequestLog, Slots, State
+from burstgym.observation import LOAD_SIGNALS, RouterView, action_mask, load_signals, observe, router_view
+from burstgym.reward import finished_cost, step_cost
+from burstgym.types import (
+    DONE,
+    EMPTY,
+    ERROR_RUNAWAY,
+    ERROR_STAMP_OVERFLOW,
+    IDLE,
+    NO_REQUEST,
+    EnvConfig,
+    EnvParams,
+    NodeState,
+    PrefixCache,
+    RequestLog,
+    Service,
+    State,
+)
+from burstgym.workload import Requests
+
+# Release stamps stay below this, so int32 never wraps (a longer episode raises instead).
+_STAMP_LIMIT = 2**31 - 2**24
+
+
+class _Step(NamedTuple):
+    """A step between routing and its bookkeeping."""
+
+    state: State
+    acc: Accrual
+    dropped: jax.Array  # [] bool
+    service: jax.Array  # [] idle-node cost of the routed request if accepted (excess objective)
+    until: jax.Array  # [] seconds from this arrival to the next (0 on a draining last step)
+    last: jax.Array  # [] bool
+
+
+def service_times(requests: Requests, params: EnvParams, cfg: EnvConfig) -> Service:
+    """Each request's TTFT and e2e alone on an idle node with an empty cache (the fastest node).
+
+    Continuous batching prefills the prompt in chunks of the token budget; dynamic batching
+    prefills it in one iteration. Then O - 1 decode iterations read P, P + 1, ... KV tokens;
+    a decode step is affine in its KV tokens at batch 1 (burstgym.latency), so their sum is
+    (O - 1) d(P) + (d(P + 1) - d(P)) (O - 1)(O - 2) / 2.
+    """
+    p = params.nodes
+    fdt = requests.arrival.dtype
+    prompt = requests.prompt.astype(fdt)
+    steps = (requests.output - 1).astype(fdt)
+
+    def one(lat, speed, budget):
+        if cfg.scheduler == "continuous":
+            chunk = budget.astype(fdt)
+
+            def cond(c):
+                return (c[0] < prompt).any()
+
+            def body(c):
+                done, t = c
+                n = jnp.clip(prompt - done, 0.0, chunk)
+                pairs = n * (done + (n + 1.0) / 2.0)
+                t = t + jnp.where(n > 0, speed * step_time(lat, n, 0.0, 0.0, pairs), 0.0)
+                return done + n, t
+
+            _, ttft = jax.lax.while_loop(cond, body, (jnp.zeros_like(prompt), jnp.zeros_like(prompt)))
+        else:
+            ttft = speed * step_time(lat, prompt, 0.0, 0.0, prompt * (prompt + 1.0) / 2.0)
+        d0 = speed * step_time(lat, 0.0, 1.0, prompt, 0.0)
+        slope = speed * step_time(lat, 0.0, 1.0, prompt + 1.0, 0.0) - d0
+        return ttft, ttft + steps * d0 + slope * steps * (steps - 1.0) / 2.0
+
+    ttft, e2e = jax.vmap(one)(p.latency, p.speed, p.max_num_batched_tokens)
+    return Service(ttft.min(axis=0), e2e.min(axis=0))
 
 
 class BurstBalance:
@@ -32,56 +103,183 @@ class BurstBalance:
     def __init__(self, cfg: EnvConfig):
         self.cfg = cfg
 
-    def reset(self, key: jax.Array, params: EnvParams) -> tuple[jax.Array, State]:
-        """Draw a request stream and return the first observation and the initial state."""
+    # ------------------------------------------------------------------------------------- reset
+
+    def reset(
+        self, key: jax.Array, params: EnvParams, horizon: jax.Array | None = None
+    ) -> tuple[jax.Array, State]:
+        """Draw a request stream and return the first observation and the initial state.
+
+        `horizon` (default `episode_length`) routes fewer requests in this episode: used to stagger
+        the first episodes of a batch of environments.
+        """
         cfg = self.cfg
         key, sub = jax.random.split(key)
-        req = cfg.workload.sample(sub, cfg.episode_length)
+        req = cfg.workload.sample(sub, cfg.episode_length + 1)
         n, s, e = cfg.n_nodes, cfg.slots, cfg.episode_length
         fdt = req.arrival.dtype
-        t0 = req.arrival[0]
-        zi = jnp.zeros((n, s), jnp.int32)
-        slots = Slots(
-            req=jnp.full((n, s), NO_REQUEST, jnp.int32),
-            status=jnp.full((n, s), EMPTY, jnp.int32),
-            arrival=jnp.zeros((n, s), fdt),
-            prompt=zi,
-            output=zi,
-            computed=zi,
-            generated=zi,
-            sched=zi,
-        )
         zf = jnp.zeros(n, fdt)
+        zi = jnp.zeros(n, jnp.int32)
         nodes = NodeState(
             phase=jnp.full(n, IDLE, jnp.int32),
+            iter_start=zf,
             iter_end=zf,
             repeat=jnp.ones(n, jnp.int32),
+            run_d0=zf,
+            run_growth=zf,
+            busy_w=zf,
             wake_end=zf,
-            idle_since=zf + t0,
-            last_time=zf + t0,
+            idle_since=zf,
+            last_time=zf,
             energy_j=zf,
             busy_s=zf,
-            routed=jnp.zeros(n, jnp.int32),
+            routed=zi,
+            batch_rows=zi,
+            batch_prompt=zi,
+            batch_gen=zi,
+            prefill_tokens=zi,
+            saved_tokens=zi,
+            hit_tokens=zi,
+            admitted_prompt=zi,
+        )
+        u = req.chunk_tokens.shape[0] if cfg.prefix_caching else 0
+        cache = PrefixCache(
+            ref=jnp.zeros((n, u), jnp.int32),
+            stamp=jnp.zeros((n, u), jnp.int32),
+            watermark=zi,
+            counter=zi,
         )
         log = RequestLog(
             node=jnp.full(e, -1, jnp.int32),
             dropped=jnp.zeros(e, bool),
-            first_token=jnp.full(e, jnp.nan, fdt),
-            finish=jnp.full(e, jnp.nan, fdt),
+            ttft=jnp.full(e, jnp.nan, fdt),
+            e2e=jnp.full(e, jnp.nan, fdt),
             preemptions=jnp.zeros(e, jnp.int32),
+            hit_tokens=jnp.zeros(e, jnp.int32),
         )
+        horizon = jnp.int32(e) if horizon is None else jnp.clip(jnp.asarray(horizon, jnp.int32), 1, e)
         state = State(
-            key=key,
+            key=jax.random.key_data(key),
             requests=req,
+            service=service_times(req, params, cfg),
             step=jnp.int32(0),
-            time=t0,
+            horizon=horizon,
+            clock=jnp.zeros((), fdt),
             t_end=jnp.asarray(jnp.nan, fdt),
-            rate_estimate=1.0 / params.rate_window.astype(fdt),
+            rate_estimate=params.arrival_rate.astype(fdt),
+            seen=jnp.zeros((n, len(LOAD_SIGNALS)), fdt),
+            next_refresh=params.signal_interval.astype(fdt),
+            slots=scheduler.empty_slots(n, s, fdt),
+            nodes=nodes,
+            cache=cache,
+            log=log,
+            error=jnp.int32(0),
+        )
+        geo = cluster.geometry(state.slots, req, params, cfg)
+        state = state._replace(seen=load_signals(state, geo, params, cfg))
+        return self._observe(state, params), state
+
+    # -------------------------------------------------------------------------------------- step
+
+    def _route_advance(self, state: State, action: jax.Array, params: EnvParams) -> _Step:
+        """Route request `state.step` and advance to the next arrival (not past it on a draining last step)."""
+        cfg = self.cfg
+        req = state.requests
+        k = state.step
+        node = jnp.clip(action, 0, cfg.n_nodes - 1).astype(jnp.int32)
+        r = cluster.route(state.slots, state.nodes, k, req.prompt[k], req.output[k], node, params)
+        last = k >= state.horizon - 1
+        gap = req.arrival[k + 1] - req.arrival[k]
+        until = jnp.where(last & (cfg.end == "drain"), 0.0, gap).astype(gap.dtype)
+        zero = jnp.zeros(cfg.n_nodes, gap.dtype)
+        acc = Accrual(zero, zero, zero)
+        geo = cluster.geometry(r.slots, req, params, cfg)
+        c, acc, runaway = cluster.advance(
+            Cluster(r.slots, r.nodes, state.cache), acc, until, jnp.bool_(False), geo, params, cfg
+        )
+        everyone = jnp.ones(cfg.n_nodes, bool)
+        nodes, acc = cluster.accrue(c.slots, c.nodes, acc, jnp.full(cfg.n_nodes, until), everyone, params)
+        svc = state.service.e2e[k] + params.ttft_weight * state.service.ttft[k]
+        log = state.log._replace(
+            node=state.log.node.at[k].set(node), dropped=state.log.dropped.at[k].set(r.dropped)
+        )
+        error = state.error | r.error | jnp.where(runaway, ERROR_RUNAWAY, 0)
+        new = state._replace(slots=c.slots, nodes=nodes, cache=c.cache, log=log, error=error)
+        return _Step(new, acc, r.dropped, jnp.where(r.dropped, 0.0, svc), until, last)
+
+    def _drain(self, st: _Step, params: EnvParams) -> _Step:
+        """On a draining last step: serve every accepted request, then let idle nodes fall asleep
+        up to the end of the episode (docs/semantics.md, "End of episode")."""
+        cfg = self.cfg
+        state = st.state
+        active = st.last & (cfg.end == "drain")
+        horizon = jnp.where(active, jnp.inf, -jnp.inf)
+        geo = cluster.geometry(state.slots, state.requests, params, cfg)
+        c = Cluster(state.slots, state.nodes, state.cache)
+        c, acc, runaway1 = cluster.advance(c, st.acc, horizon, jnp.bool_(True), geo, params, cfg)
+        t_end = jnp.where(active, jnp.maximum(0.0, c.nodes.last_time.max()), st.until)
+        c, acc, runaway2 = cluster.advance(c, acc, t_end, jnp.bool_(False), geo, params, cfg)
+        everyone = jnp.ones(cfg.n_nodes, bool)
+        nodes, acc = cluster.accrue(c.slots, c.nodes, acc, jnp.full(cfg.n_nodes, t_end), everyone, params)
+        error = state.error | jnp.where(runaway1 | runaway2, ERROR_RUNAWAY, 0)
+        new = state._replace(slots=c.slots, nodes=nodes, cache=c.cache, error=error)
+        return st._replace(state=new, acc=acc, until=t_end)
+
+    def _close(self, st: _Step, params: EnvParams) -> tuple[jax.Array, State, jax.Array, jax.Array, dict]:
+        """Log the finished requests, compute the reward, move the clock to the next arrival."""
+        cfg = self.cfg
+        state, last, until = st.state, st.last, st.until
+        slots = state.slots
+        done_cost = finished_cost(slots, state.service, cfg, params)
+        cost = step_cost(st.acc, done_cost, st.service, st.dropped, cfg, params)
+        done = slots.status == DONE
+        target = jnp.where(done, slots.req, NO_REQUEST)
+        log = state.log._replace(
+            ttft=state.log.ttft.at[target].set(slots.ttft, mode="drop"),
+            e2e=state.log.e2e.at[target].set(slots.e2e, mode="drop"),
+            preemptions=state.log.preemptions.at[target].set(slots.preempted, mode="drop"),
+            hit_tokens=state.log.hit_tokens.at[target].set(slots.hit, mode="drop"),
+        )
+        slots = slots._replace(status=jnp.where(done, EMPTY, slots.status))
+        slots = jax.vmap(scheduler.compact)(slots)
+        # The clock's origin moves to the next arrival.
+        shift = jnp.where(last, 0.0, until)
+        n = state.nodes
+        nodes = n._replace(
+            iter_start=n.iter_start - shift,
+            iter_end=n.iter_end - shift,
+            wake_end=n.wake_end - shift,
+            idle_since=n.idle_since - shift,
+            last_time=n.last_time - shift,
+        )
+        slots = slots._replace(arrival=slots.arrival - shift)
+        clock = state.clock + until
+        k = state.step
+        gap = state.requests.arrival[k + 1] - state.requests.arrival[k]
+        w = params.rate_window
+        rate = state.rate_estimate * jnp.exp(-gap / w) + 1.0 / w
+        error = state.error | jnp.where(state.cache.counter.max() > _STAMP_LIMIT, ERROR_STAMP_OVERFLOW, 0)
+        new = state._replace(
+            step=k + 1,
+            clock=clock,
+            t_end=jnp.where(last, clock, jnp.nan),
+            rate_estimate=jnp.where(last, state.rate_estimate, rate),
             slots=slots,
             nodes=nodes,
             log=log,
+            error=error,
         )
-        return observe(state, params, cfg), state
+        geo = cluster.geometry(new.slots, new.requests, params, cfg)
+        interval = params.signal_interval
+        refresh = clock >= state.next_refresh
+        seen = jnp.where(refresh, load_signals(new, geo, params, cfg), state.seen)
+        nxt = jnp.where(
+            interval > 0, (jnp.floor(clock / jnp.where(interval > 0, interval, 1.0)) + 1.0) * interval, 0.0
+        )
+        new = new._replace(seen=seen, next_refresh=jnp.where(refresh, nxt, state.next_refresh))
+        view = router_view(new, geo, params, cfg)
+        info = {"dropped": st.dropped, "action_mask": action_mask(view), "error": new.error}
+        return observe(view, params, cfg), new, -cost / params.reward_scale, last, info
 
     def step_env(
         self, state: State, action: jax.Array, params: EnvParams
@@ -89,57 +287,30 @@ class BurstBalance:
         """Route request `state.step` to node `action` and advance to the next arrival.
 
         Returns (observation, state, reward, done, info). Out-of-range actions are the caller's
-        to refuse (the Gymnasium faces do); here they are clipped so jit stays total.
+        to refuse (the Gymnasium faces do); here they are clipped so jit stays total. Stepping a
+        finished episode is the caller's error to refuse too (the faces raise).
         """
-        cfg = self.cfg
-        req = state.requests
-        k = state.step
-        node = jnp.clip(action, 0, cfg.n_nodes - 1).astype(jnp.int32)
-        r = cluster.route(
-            state.slots, state.nodes, state.log, k, req.arrival[k], req.prompt[k], req.output[k], node, params
-        )
-        last = k == cfg.episode_length - 1
-        nxt = jnp.minimum(k + 1, cfg.episode_length - 1)
-        t_next = jnp.where(last, jnp.inf, req.arrival[nxt])
-        zero = jnp.zeros(cfg.n_nodes, state.time.dtype)
-        acc = cluster.Accrual(latency_s=zero, energy_j=zero)
-        slots, nodes, log, acc = cluster.advance(r.slots, r.nodes, r.log, acc, t_next, last, params, cfg)
-        t_end = jnp.where(last, jnp.maximum(state.time, nodes.last_time.max()), jnp.nan)
-        until = jnp.where(last, t_end, t_next)
-        slots, nodes, log, acc = cluster.advance(slots, nodes, log, acc, until, jnp.bool_(False), params, cfg)
-        everyone = jnp.ones(cfg.n_nodes, bool)
-        nodes, acc = cluster.accrue(slots, nodes, acc, jnp.full(cfg.n_nodes, until), everyone, params)
+        st = self._route_advance(state, action, params)
+        if self.cfg.end == "drain":
+            st = jax.lax.cond(st.last, lambda s: self._drain(s, params), lambda s: s, st)
+        return self._close(st, params)
 
-        met_now = jnp.int32(0)
-        if cfg.objective == "slo":
-            met_now = slo_met(req, log, params).sum() - slo_met(req, state.log, params).sum()
-        reward = step_reward(acc, r.dropped, met_now, cfg.objective, params)
+    def view(self, state: State, params: EnvParams) -> RouterView:
+        """What a router sees of the request `state.step` (`burstgym.observation.RouterView`)."""
+        geo = cluster.geometry(state.slots, state.requests, params, self.cfg)
+        return router_view(state, geo, params, self.cfg)
 
-        gap = jnp.where(last, 0.0, req.arrival[nxt] - req.arrival[k])
-        rate = state.rate_estimate * jnp.exp(-gap / params.rate_window) + jnp.where(
-            last, 0.0, 1.0 / params.rate_window
-        )
-        new = state._replace(
-            step=k + 1,
-            time=jnp.where(last, t_end, t_next),
-            t_end=t_end,
-            rate_estimate=rate,
-            slots=slots,
-            nodes=nodes,
-            log=log,
-        )
-        info = {"dropped": r.dropped, "action_mask": self.action_mask(new, params)}
-        return observe(new, params, cfg), new, reward, last, info
+    def _observe(self, state: State, params: EnvParams) -> jax.Array:
+        return observe(self.view(state, params), params, self.cfg)
 
     def action_mask(self, state: State, params: EnvParams) -> jax.Array:
         """[N] bool: nodes that would accept the next request; all True when every node would drop."""
-        ok = ~cluster.would_drop(state.slots, params)
-        return jnp.where(ok.any(), ok, True)
+        return action_mask(self.view(state, params))
 
     def metrics(self, state: State, params: EnvParams) -> dict[str, jax.Array]:
         """Episode metrics of a finished episode (see `burstgym.metrics`)."""
         return episode_metrics(
-            state.requests, state.log, state.nodes.energy_j, state.nodes.routed, state.t_end, params
+            state.requests, state.service, state.log, state.nodes, state.horizon, state.t_end, params
         )
 
     def step(
@@ -151,7 +322,7 @@ class BurstBalance:
         obs, new, reward, done, info = self.step_env(state, action, params)
 
         def restart(_):
-            o, s = self.reset(new.key, params)
+            o, s = self.reset(jax.random.wrap_key_data(new.key), params)
             return o, s, self.metrics(new, params)
 
         def carry_on(_):
@@ -162,9 +333,30 @@ class BurstBalance:
         info = {**info, "action_mask": mask, "final_obs": obs, "metrics": metrics}
         return obs2, state2, reward, done, info
 
-    def batched_reset(self, keys: jax.Array, params: EnvParams) -> tuple[jax.Array, State]:
+    # ---------------------------------------------------------------------------------- batches
+
+    def batched_reset(
+        self, keys: jax.Array, params: EnvParams, horizons: jax.Array | None = None
+    ) -> tuple[jax.Array, State]:
         """Reset a batch of clusters, one key each (shared parameters)."""
-        return jax.vmap(self.reset, in_axes=(0, None))(keys, params)
+        if horizons is None:
+            return jax.vmap(self.reset, in_axes=(0, None))(keys, params)
+        return jax.vmap(self.reset, in_axes=(0, None, 0))(keys, params, horizons)
+
+    def batched_step_env(
+        self, states: State, actions: jax.Array, params: EnvParams
+    ) -> tuple[jax.Array, State, jax.Array, jax.Array, dict[str, Any]]:
+        """`step_env` over a batch of clusters, without auto-reset.
+
+        The drain of a last step sits behind one `lax.cond` on "any cluster ends now", so the
+        other steps pay nothing for it.
+        """
+        st = jax.vmap(self._route_advance, in_axes=(0, 0, None))(states, actions, params)
+        if self.cfg.end == "drain":
+            st = jax.lax.cond(
+                st.last.any(), lambda s: jax.vmap(self._drain, in_axes=(0, None))(s, params), lambda s: s, st
+            )
+        return jax.vmap(self._close, in_axes=(0, None))(st, params)
 
     def batched_step(
         self, states: State, actions: jax.Array, params: EnvParams
@@ -174,12 +366,12 @@ class BurstBalance:
         The reset (and the finished episodes' metrics) sit behind one `lax.cond` on "any episode
         ended", so ordinary steps pay nothing for them.
         """
-        obs, new, reward, done, info = jax.vmap(self.step_env, in_axes=(0, 0, None))(states, actions, params)
+        obs, new, reward, done, info = self.batched_step_env(states, actions, params)
         metric_shape = jax.eval_shape(lambda s: jax.vmap(self.metrics, in_axes=(0, None))(s, params), new)
 
         def restart(_):
             metrics = jax.vmap(self.metrics, in_axes=(0, None))(new, params)
-            o, s = self.batched_reset(new.key, params)
+            o, s = self.batched_reset(jax.vmap(jax.random.wrap_key_data)(new.key), params)
             s = cluster.tree_where(done, s, new)
             o = jnp.where(done[:, None], o, obs)
             mask = jax.vmap(self.action_mask, in_axes=(0, None))(s, params)

@@ -103,14 +103,28 @@ class RefResult:
 
 # The coefficients `_step_time` models; a new field in `LatencyModel` must be added here too.
 _LATENCY_FIELDS = (
-    "overhead_s", "overhead_seq_s", "kernel_fixed_s", "weights_s", "token_s", "logits_seq_s", "knee_p",
-    "tile_tokens", "elementwise_token_s", "attn_fixed_s", "attn_seq_s", "kv_token_s", "prefill_fixed_s",
-    "prefill_pair_s", "allreduce_fixed_s", "allreduce_token_s",
+    "overhead_s",
+    "overhead_seq_s",
+    "kernel_fixed_s",
+    "weights_s",
+    "token_s",
+    "logits_seq_s",
+    "knee_p",
+    "tile_tokens",
+    "elementwise_token_s",
+    "attn_fixed_s",
+    "attn_seq_s",
+    "kv_token_s",
+    "prefill_fixed_s",
+    "prefill_pair_s",
+    "allreduce_fixed_s",
+    "allreduce_token_s",
 )
 
 
-def _step_time(lat: LatencyModel, prefill_tokens: int, decode_seqs: int, kv_tokens: int,
-               prefill_pairs: float) -> float:
+def _step_time(
+    lat: LatencyModel, prefill_tokens: int, decode_seqs: int, kv_tokens: int, prefill_pairs: float
+) -> float:
     """Seconds of one iteration; mirrors `burstgym.latency.step_time` in plain floats.
 
     `lat` holds Python floats. Linear layers are the p-norm smooth maximum of the weight-streaming
@@ -164,8 +178,12 @@ class _Node:
         self.in_node = 0  # accepted, unfinished requests on the node
         self.energy = 0.0
         self.busy = 0.0
-        self._power = {_IDLE: cfg.idle_power_w, _BUSY: cfg.busy_power_w, _ASLEEP: cfg.sleep_power_w,
-                       _WAKING: cfg.idle_power_w}
+        self._power = {
+            _IDLE: cfg.idle_power_w,
+            _BUSY: cfg.busy_power_w,
+            _ASLEEP: cfg.sleep_power_w,
+            _WAKING: cfg.idle_power_w,
+        }
 
     # -- scheduler interface -------------------------------------------------------------------
     def n_waiting(self) -> int:
@@ -201,12 +219,14 @@ class _Node:
                 self.busy += dt
             self.last_t = t
 
-    def run_iteration(self, tau: float, prefill_tokens: int, decode_seqs: int, kv_tokens: int,
-                      prefill_pairs: float) -> None:
+    def run_iteration(
+        self, tau: float, prefill_tokens: int, decode_seqs: int, kv_tokens: int, prefill_pairs: float
+    ) -> None:
         """Become busy from `tau` for one iteration of the given shape."""
         self.phase = _BUSY
         self.iter_end = tau + self.cfg.speed * _step_time(
-            self.lat, prefill_tokens, decode_seqs, kv_tokens, prefill_pairs)
+            self.lat, prefill_tokens, decode_seqs, kv_tokens, prefill_pairs
+        )
 
     def finish_request(self, i: int, tau: float) -> None:
         """Record request `i` finishing at `tau`."""
@@ -237,8 +257,12 @@ class _Node:
             self.phase, self.idle_since = _IDLE, tau
         if self.phase == _WAKING and self.wake_end == tau:
             self.phase, self.idle_since = _IDLE, tau
-        if (self.phase == _IDLE and self.in_node == 0 and self.cfg.sleep_timeout < math.inf
-                and tau >= self.idle_since + self.cfg.sleep_timeout):
+        if (
+            self.phase == _IDLE
+            and self.in_node == 0
+            and self.cfg.sleep_timeout < math.inf
+            and tau >= self.idle_since + self.cfg.sleep_timeout
+        ):
             self.phase = _ASLEEP
         if self.phase == _IDLE:
             self.start(tau)
@@ -394,15 +418,18 @@ class _DynamicNode(_Node):
             self.run_iteration(tau, 0, len(self.batch), kv, 0.0)
             return
         w = len(self.waiting)
-        if not (w >= self.cfg.max_batch_size
-                or (w > 0 and tau >= s.arrival[self.waiting[0]] + self.cfg.max_queue_delay)):
+        if not (
+            w >= self.cfg.max_batch_size
+            or (w > 0 and tau >= s.arrival[self.waiting[0]] + self.cfg.max_queue_delay)
+        ):
             return
         self.batch = [self.waiting.popleft() for _ in range(min(w, self.cfg.max_batch_size))]
         # a one-token prompt is classified as decoding (0 KV tokens), as in continuous step 4
         prompts = [s.prompt[i] for i in self.batch if s.prompt[i] > 1]
         self.in_prefill = True
-        self.run_iteration(tau, sum(prompts), len(self.batch) - len(prompts), 0,
-                           sum(p * (p + 1) / 2 for p in prompts))
+        self.run_iteration(
+            tau, sum(prompts), len(self.batch) - len(prompts), 0, sum(p * (p + 1) / 2 for p in prompts)
+        )
 
     def end_iteration(self, tau: float) -> None:
         s = self.s
@@ -418,8 +445,9 @@ class _DynamicNode(_Node):
         self.batch = [i for i in self.batch if s.generated[i] < s.output[i]]
 
 
-def _validate(nodes: Sequence[RefNode], arrival: np.ndarray, prompt: np.ndarray, output: np.ndarray,
-              actions: np.ndarray) -> None:
+def _validate(
+    nodes: Sequence[RefNode], arrival: np.ndarray, prompt: np.ndarray, output: np.ndarray, actions: np.ndarray
+) -> None:
     """Raise ValueError naming the offending field for inputs the contract excludes."""
     if len(nodes) == 0:
         raise ValueError("nodes must not be empty")
@@ -459,9 +487,18 @@ def _validate(nodes: Sequence[RefNode], arrival: np.ndarray, prompt: np.ndarray,
             )
 
 
-def simulate(nodes: Sequence[RefNode], arrival: ArrayLike, prompt: ArrayLike, output: ArrayLike,
-             actions: ArrayLike, *, drop_penalty: float = 0.0, energy_weight: float = 0.0,
-             ttft_slo: float = math.inf, tpot_slo: float = math.inf) -> RefResult:
+def simulate(
+    nodes: Sequence[RefNode],
+    arrival: ArrayLike,
+    prompt: ArrayLike,
+    output: ArrayLike,
+    actions: ArrayLike,
+    *,
+    drop_penalty: float = 0.0,
+    energy_weight: float = 0.0,
+    ttft_slo: float = math.inf,
+    tpot_slo: float = math.inf,
+) -> RefResult:
     """Run one episode: route request `k` to node `actions[k]` at `arrival[k]`, then drain.
 
     :param nodes: the cluster, one `RefNode` per node.
@@ -478,8 +515,7 @@ def simulate(nodes: Sequence[RefNode], arrival: ArrayLike, prompt: ArrayLike, ou
     prompt_a, output_a, actions_a = (np.asarray(x) for x in (prompt, output, actions))
     _validate(nodes, arrival_a, prompt_a, output_a, actions_a)
     e = len(arrival_a)
-    s = _Stream(arrival_a.tolist(), prompt_a.astype(np.int64).tolist(),
-                output_a.astype(np.int64).tolist())
+    s = _Stream(arrival_a.tolist(), prompt_a.astype(np.int64).tolist(), output_a.astype(np.int64).tolist())
     t0 = s.arrival[0]
     sim: list[_Node] = [
         _ContinuousNode(c, s, t0) if c.scheduler == "continuous" else _DynamicNode(c, s, t0) for c in nodes
@@ -502,12 +538,22 @@ def simulate(nodes: Sequence[RefNode], arrival: ArrayLike, prompt: ArrayLike, ou
     t_end = max([s.arrival[-1], *finished])
     for nd in sim:
         nd.advance(t_end)  # sleep transitions up to t_end, energy to t_end
-    return _result(s, sim, np.asarray(route), np.asarray(dropped), t_end, drop_penalty, energy_weight,
-                   ttft_slo, tpot_slo)
+    return _result(
+        s, sim, np.asarray(route), np.asarray(dropped), t_end, drop_penalty, energy_weight, ttft_slo, tpot_slo
+    )
 
 
-def _result(s: _Stream, sim: list[_Node], route: np.ndarray, dropped: np.ndarray, t_end: float,
-            drop_penalty: float, energy_weight: float, ttft_slo: float, tpot_slo: float) -> RefResult:
+def _result(
+    s: _Stream,
+    sim: list[_Node],
+    route: np.ndarray,
+    dropped: np.ndarray,
+    t_end: float,
+    drop_penalty: float,
+    energy_weight: float,
+    ttft_slo: float,
+    tpot_slo: float,
+) -> RefResult:
     """Assemble the per-request log, the objective and its per-step decomposition."""
     arrival = np.asarray(s.arrival)
     output = np.asarray(s.output)
@@ -521,16 +567,29 @@ def _result(s: _Stream, sim: list[_Node], route: np.ndarray, dropped: np.ndarray
     slo_met = ~dropped & (ttft <= ttft_slo) & (tpot <= tpot_slo)
     energy = np.asarray([nd.energy for nd in sim])
     objective = float(np.nansum(e2e) + drop_penalty * dropped.sum() + energy_weight * energy.sum())
-    step_objective = (np.asarray(s.step_latency) + energy_weight * np.asarray(s.step_energy)
-                      + drop_penalty * dropped)
+    step_objective = (
+        np.asarray(s.step_latency) + energy_weight * np.asarray(s.step_energy) + drop_penalty * dropped
+    )
     slo_step_reward = -drop_penalty * dropped.astype(np.float64)
     np.add.at(slo_step_reward, np.asarray(s.finish_step)[slo_met], 1.0)
     return RefResult(
-        node=route, dropped=dropped, first_token_time=first, finish_time=finish, ttft=ttft,
-        e2e_latency=e2e, tpot=tpot, preemptions=np.asarray(s.preemptions, dtype=np.int64),
-        slo_met=slo_met, energy_j=energy, busy_s=np.asarray([nd.busy for nd in sim]), t_end=t_end,
-        total_preemptions=int(sum(s.preemptions)), objective=objective, step_objective=step_objective,
-        goodput=int(slo_met.sum()), slo_step_reward=slo_step_reward,
+        node=route,
+        dropped=dropped,
+        first_token_time=first,
+        finish_time=finish,
+        ttft=ttft,
+        e2e_latency=e2e,
+        tpot=tpot,
+        preemptions=np.asarray(s.preemptions, dtype=np.int64),
+        slo_met=slo_met,
+        energy_j=energy,
+        busy_s=np.asarray([nd.busy for nd in sim]),
+        t_end=t_end,
+        total_preemptions=int(sum(s.preemptions)),
+        objective=objective,
+        step_objective=step_objective,
+        goodput=int(slo_met.sum()),
+        slo_step_reward=slo_step_reward,
     )
 
 

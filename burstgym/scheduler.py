@@ -5,20 +5,25 @@ them over nodes. The rules are those of docs/semantics.md:
 - `continuous`: iteration-level batching as in vLLM / Orca (Yu et al., OSDI'22; Kwon et al.,
   SOSP'23): a token budget shared greedily, KV blocks, preemption by recompute of the most
   recently admitted request, FCFS admission with head-of-line blocking, chunked prefill
-  (Agrawal et al., Sarathi-Serve, OSDI'24).
+  (Agrawal et al., Sarathi-Serve, OSDI'24), and automatic prefix caching (`burstgym.prefix_cache`):
+  an admitted request skips the prefill of its longest run of cached leading chunks. The order of
+  a step follows vLLM v0.11.0's V1 scheduler (vllm/v1/core/sched/scheduler.py `schedule`):
+  running requests first, preempting from the newest when their blocks do not fit; waiting
+  requests only when nothing was preempted, each looked up in the cache and allocated in turn.
 - `dynamic`: a batching window as in Triton's dynamic batcher: an idle node launches a batch
   when `max_batch_size` requests wait or the oldest has waited `max_queue_delay`; the batch
   prefills together, decodes until its last member is done, and only then does the next start.
+  With `padding` (static-batch engines behind the batcher), prompts are padded to the batch's
+  longest and finished members keep their row until the batch ends.
 
 Order without sorting: a node's slot table is kept in the order the contract ranks requests —
-running requests by admission (oldest first), then waiting requests in queue order — with empty
+running requests by admission (oldest first), then waiting requests in queue order — with free
 slots as holes among the running ones and after the queue. Every operation preserves that order:
 admission turns the head of the queue into the newest running requests in place; preemption turns
 the newest running requests into the head of the queue (earliest-admitted first) in place; a
 finish leaves a hole; an arrival is appended after the last occupied slot, once `compact` has
 closed the holes (the cluster compacts once per routing step, not per event). Greedy budgets and
-FCFS rules are then prefix sums over slots, in which holes count zero. Sorting and per-event
-compaction are avoided because XLA's CPU sort and scatter dominated the step time.
+FCFS rules are then prefix sums over slots, in which holes count zero.
 """
 
 from __future__ import annotations
@@ -28,14 +33,17 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from burstgym.latency import LatencyModel, step_time
-from burstgym.types import EMPTY, NO_REQUEST, RUNNING, WAITING, Slots
+from burstgym import prefix_cache as pc
+from burstgym.latency import LatencyModel, PowerModel, energy_j, step_time
+from burstgym.prefix_cache import Chunks, ceil_div
+from burstgym.types import DONE, NO_REQUEST, RUNNING, WAITING, PrefixCache, Slots
 
 
 class NodeConfig(NamedTuple):
     """One node's scheduler parameters (scalars): a slice of `NodeParams`."""
 
     latency: LatencyModel
+    power: PowerModel
     speed: jax.Array
     max_num_seqs: jax.Array
     max_num_batched_tokens: jax.Array
@@ -45,17 +53,36 @@ class NodeConfig(NamedTuple):
     max_queue_delay: jax.Array
 
 
+class Shape(NamedTuple):
+    """What one iteration computes (the arguments of `step_time`)."""
+
+    prefill_tokens: jax.Array  # [] prompt (or recompute) tokens
+    decode_seqs: jax.Array  # [] sequences decoding one token
+    kv_tokens: jax.Array  # [] KV entries read by the decoding sequences
+    prefill_pairs: jax.Array  # [] attention (query, key) pairs of the prefill chunks
+
+
+class Admission(NamedTuple):
+    """Prefix-cache accounting of one plan's admissions (zeros without prefix caching)."""
+
+    saved: jax.Array  # [] tokens served from the cache (every admission)
+    first_hit: jax.Array  # [] of which at first admissions
+    first_prompt: jax.Array  # [] prompt tokens of first admissions
+
+
 class Plan(NamedTuple):
     """The outcome of planning one iteration on one node."""
 
     slots: Slots  # with `sched` set, admissions and preemptions applied
+    cache: PrefixCache  # hits pinned, computed chunks cached, evictions done
+    shape: Shape
     duration: jax.Array  # [] float, seconds (0 when nothing was scheduled)
     started: jax.Array  # [] bool, whether anything was scheduled
     preempted: jax.Array  # [S] bool, slots preempted by this plan
-
-
-def _ceil_div(a: jax.Array, b: jax.Array) -> jax.Array:
-    return (a + b - 1) // b
+    admitted: jax.Array  # [S] bool, slots admitted by this plan
+    batch_rows: jax.Array  # [] int32, rows of the batch in flight after this plan (dynamic)
+    batch_prompt: jax.Array  # [] int32, its padded prompt length (dynamic)
+    stats: Admission
 
 
 def _greedy(need_sorted: jax.Array, budget: jax.Array) -> jax.Array:
@@ -64,147 +91,433 @@ def _greedy(need_sorted: jax.Array, budget: jax.Array) -> jax.Array:
     return jnp.clip(budget - before, 0, need_sorted)
 
 
-def kv_blocks_used(slots: Slots, block_size: jax.Array) -> jax.Array:
-    """KV blocks held by the running requests of a node."""
-    held = jnp.where(slots.status == RUNNING, _ceil_div(slots.computed, block_size), 0)
-    return held.sum()
+def _duration(shape: Shape, cfg: NodeConfig) -> jax.Array:
+    return cfg.speed * step_time(
+        cfg.latency, shape.prefill_tokens, shape.decode_seqs, shape.kv_tokens, shape.prefill_pairs
+    )
 
 
-def _batch_time(slots: Slots, cfg: NodeConfig) -> jax.Array:
-    """Duration of the iteration described by `slots.sched` (docs/semantics.md, step 4)."""
+def private_blocks(slots: Slots, chunks: Chunks | None, block_size: jax.Array) -> jax.Array:
+    """[S] KV blocks each running request holds outside the prefix cache."""
+    pend = 0 if chunks is None else pc.chunk_end(chunks.end, slots.pin)
+    held = ceil_div(jnp.maximum(slots.computed - pend, 0), block_size)
+    return jnp.where(slots.status == RUNNING, held, 0)
+
+
+def kv_blocks_used(slots: Slots, chunks: Chunks | None, block_size: jax.Array) -> jax.Array:
+    """[] KV blocks held by the running requests: private blocks (pinned chunks are counted apart)."""
+    return private_blocks(slots, chunks, block_size).sum()
+
+
+def continuous_shape(slots: Slots) -> Shape:
+    """The iteration described by `slots.sched` (docs/semantics.md, continuous step 4)."""
     t = slots.sched
     seq_len = slots.prompt + slots.generated
     decoding = (t == 1) & (slots.computed == seq_len - 1)
     prefill = (t > 0) & ~decoding
     tf = t.astype(slots.arrival.dtype)
     computed = slots.computed.astype(tf.dtype)
-    prefill_tokens = jnp.where(prefill, tf, 0.0).sum()
-    prefill_pairs = jnp.where(prefill, tf * (computed + (tf + 1.0) / 2.0), 0.0).sum()
-    decode_seqs = decoding.sum()
-    kv_tokens = jnp.where(decoding, computed, 0.0).sum()
-    return cfg.speed * step_time(cfg.latency, prefill_tokens, decode_seqs, kv_tokens, prefill_pairs)
+    return Shape(
+        prefill_tokens=jnp.where(prefill, tf, 0.0).sum(),
+        decode_seqs=decoding.sum().astype(tf.dtype),
+        kv_tokens=jnp.where(decoding, computed, 0.0).sum(),
+        prefill_pairs=jnp.where(prefill, tf * (computed + (tf + 1.0) / 2.0), 0.0).sum(),
+    )
 
 
-def plan_continuous(slots: Slots, cfg: NodeConfig) -> Plan:
-    """Plan the next continuous-batching iteration of one node (docs/semantics.md, steps 1-4)."""
-    n_slots = slots.status.shape[0]
-    pos = jnp.arange(n_slots)
-    running = slots.status == RUNNING
+def _admit_fcfs(slots: Slots, t: jax.Array, free: jax.Array, n_run: jax.Array, cfg: NodeConfig):
+    """Admission without a prefix cache: FCFS with head-of-line blocking, as prefix sums."""
     waiting = slots.status == WAITING
     seq_len = slots.prompt + slots.generated
-    budget = cfg.max_num_batched_tokens
-    bs = cfg.block_size
-
-    # 1. Running requests (table order = admission order) share the budget greedily.
-    t = _greedy(jnp.where(running, seq_len - slots.computed, 0), budget)
-
-    # 2. KV blocks: preempt the most recently admitted until the rest fit.
-    held = jnp.where(running, _ceil_div(slots.computed, bs), 0)
-    extra = jnp.where(running, _ceil_div(slots.computed + t, bs) - held, 0)
-    free = cfg.kv_blocks - held.sum()
-    n_run = running.sum()
-    # Keeping the first j running requests fits iff their extra blocks <= free + blocks held by the rest.
-    keep_extra = jnp.cumsum(extra) - extra
-    freed = held.sum() - (jnp.cumsum(held) - held)
-    # Slots j.. beyond the last running request give the "all fit" case, handled apart.
-    fits = keep_extra <= free + freed
-    keep = jnp.where(extra.sum() <= free, n_slots, jnp.max(jnp.where(fits, pos, 0)))
-    preempted = running & (pos >= keep)
-    n_pre = preempted.sum()
-    t = jnp.where(preempted, 0, t)
-    free_after = free + jnp.where(preempted, held, 0).sum() - jnp.where(preempted, 0, extra).sum()
-
-    # 3. Admission, only when nothing was preempted: FCFS with head-of-line blocking. The queue
-    # follows the running requests in the table (preempted requests, now its head, need no move).
-    budget_left = budget - t.sum()
+    budget_left = cfg.max_num_batched_tokens - t.sum()
     tw = _greedy(jnp.where(waiting, seq_len, 0), budget_left)
     rank = jnp.cumsum(waiting) - waiting
     ok = (
         waiting
         & (tw > 0)
-        & (jnp.cumsum(_ceil_div(tw, bs)) <= free_after)
+        & (jnp.cumsum(ceil_div(tw, cfg.block_size)) <= free)
         & (rank < cfg.max_num_seqs - n_run)
-        & (n_pre == 0)
     )
     # Prefix rule over the queue: admitted iff every waiting request before it was admitted.
     admitted = waiting & (jnp.cumsum(waiting & ~ok) == 0)
-
-    # Prefix sums promote int32 to int64 under x64; keep the slot table's dtypes (a while_loop carry).
-    sched = jnp.where(admitted, tw, t).astype(slots.sched.dtype)
-    new = slots._replace(
-        status=jnp.where(preempted, WAITING, jnp.where(admitted, RUNNING, slots.status)),
-        computed=jnp.where(preempted, 0, slots.computed),
-        sched=sched,
+    first = admitted & (slots.hit < 0)
+    stats = Admission(
+        saved=jnp.int32(0),
+        first_hit=jnp.int32(0),
+        first_prompt=jnp.where(first, slots.prompt, 0).sum(),
     )
-    return Plan(new, _batch_time(new, cfg), sched.sum() > 0, preempted)
+    new = slots._replace(
+        status=jnp.where(admitted, RUNNING, slots.status),
+        sched=jnp.where(admitted, tw, slots.sched).astype(slots.sched.dtype),
+        hit=jnp.where(first, 0, slots.hit),
+    )
+    return new, admitted, stats
 
 
-def dynamic_can_start(slots: Slots, cfg: NodeConfig, now: jax.Array) -> jax.Array:
+class _Admitting(NamedTuple):
+    slots: Slots
+    cache: PrefixCache
+    admitted: jax.Array
+    private: jax.Array  # [] private blocks of the running set
+    budget: jax.Array
+    n_run: jax.Array
+    pos: jax.Array
+    stop: jax.Array
+    stats: Admission
+
+
+def _admit_cached(
+    slots: Slots,
+    cache: PrefixCache,
+    chunks: Chunks,
+    blocks_u: jax.Array,
+    private: jax.Array,
+    budget: jax.Array,
+    n_run: jax.Array,
+    cfg: NodeConfig,
+):
+    """Admission with a prefix cache, one waiting request at a time in queue order (vLLM V1).
+
+    Each looks up its longest run of cached leading chunks (capped so that at least the last
+    block of the sequence is computed: vllm/v1/core/kv_cache_manager.py `get_computed_blocks`),
+    needs the blocks of its first chunk plus the hit chunks no running request holds (they leave
+    the evictable pool), pins its hits and the chunks its first chunk completes (cached at
+    scheduling time, as vLLM's `allocate_slots` caches full blocks), and evicts what it must.
+    The first request that does not fit stops admission (head-of-line blocking).
+    """
+    n_slots, width = chunks.ids.shape
+    pos_all = jnp.arange(n_slots)
+    j = jnp.arange(width)
+    bs = cfg.block_size
+    last_waiting = jnp.max(jnp.where(slots.status == WAITING, pos_all, -1))
+
+    def cond(s: _Admitting) -> jax.Array:
+        return ~s.stop & (s.pos <= last_waiting)
+
+    def body(s: _Admitting) -> _Admitting:
+        p = s.pos
+        sl, c = s.slots, s.cache
+        is_wait = sl.status[p] == WAITING
+        ids, end, blk = chunks.ids[p], chunks.end[p], chunks.blocks[p]
+        held = pc.present(c)
+        h = pc.leading_hits(held, ids)
+        seq_len = sl.prompt[p] + sl.generated[p]
+        cap = bs * ((seq_len - 1) // bs)
+        hit_tok = jnp.minimum(pc.chunk_end(end, h), cap)
+        t = jnp.clip(jnp.minimum(seq_len - hit_tok, s.budget), 0)
+        done_tok = hit_tok + t
+        new_pin = jnp.maximum(h, ((ids >= 0) & (end <= done_tok)).sum().astype(jnp.int32))
+        own = ceil_div(jnp.maximum(done_tok - pc.chunk_end(end, new_pin), 0), bs)
+        valid = ids >= 0
+        ref_now = c.ref[jnp.maximum(ids, 0)]
+        held_now = held[jnp.maximum(ids, 0)]
+        claim = jnp.where(valid & (j < h) & (ref_now == 0), blk, 0).sum()
+        fresh = jnp.where(valid & (j >= h) & (j < new_pin) & ~held_now, blk, 0).sum()
+        _, pinned = pc.usage(c, blocks_u)
+        available = cfg.kv_blocks - s.private - pinned
+        ok = is_wait & (t > 0) & (own + fresh + claim <= available) & (s.n_run < cfg.max_num_seqs)
+        c2 = pc.add_refs(c, ids, ok & valid & (j < new_pin))
+        private2 = s.private + jnp.where(ok, own, 0)
+        cached2, _ = pc.usage(c2, blocks_u)
+        c2 = pc.evict(c2, jnp.where(ok, private2 + cached2 - cfg.kv_blocks, 0), blocks_u)
+        first = ok & (sl.hit[p] < 0)
+        new = sl._replace(
+            status=sl.status.at[p].set(jnp.where(ok, RUNNING, sl.status[p])),
+            computed=sl.computed.at[p].set(jnp.where(ok, hit_tok, sl.computed[p])),
+            sched=sl.sched.at[p].set(jnp.where(ok, t, sl.sched[p])),
+            pin=sl.pin.at[p].set(jnp.where(ok, new_pin, sl.pin[p])),
+            hit=sl.hit.at[p].set(jnp.where(first, hit_tok, sl.hit[p])),
+        )
+        stats = Admission(
+            saved=s.stats.saved + jnp.where(ok, hit_tok, 0),
+            first_hit=s.stats.first_hit + jnp.where(first, hit_tok, 0),
+            first_prompt=s.stats.first_prompt + jnp.where(first, sl.prompt[p], 0),
+        )
+        return _Admitting(
+            slots=new,
+            cache=c2,
+            admitted=s.admitted.at[p].set(ok),
+            private=private2,
+            budget=s.budget - jnp.where(ok, t, 0),
+            n_run=s.n_run + ok,
+            pos=p + 1,
+            stop=is_wait & ~ok,
+            stats=stats,
+        )
+
+    first_waiting = jnp.argmax(slots.status == WAITING)
+    zero = jnp.int32(0)
+    init = _Admitting(
+        slots=slots,
+        cache=cache,
+        admitted=jnp.zeros(n_slots, bool),
+        private=private,
+        budget=budget,
+        n_run=n_run,
+        pos=first_waiting.astype(jnp.int32),
+        stop=jnp.bool_(False),
+        stats=Admission(zero, zero, zero),
+    )
+    out = jax.lax.while_loop(cond, body, init)
+    return out.slots, out.cache, out.admitted, out.stats
+
+
+def plan_continuous(
+    slots: Slots,
+    cfg: NodeConfig,
+    cache: PrefixCache,
+    chunks: Chunks | None,
+    blocks_u: jax.Array | None,
+) -> Plan:
+    """Plan the next continuous-batching iteration of one node (docs/semantics.md, steps 1-4).
+
+    `chunks` and `blocks_u` are None without prefix caching (that code is then not traced).
+    """
+    n_slots = slots.status.shape[0]
+    pos = jnp.arange(n_slots)
+    running = slots.status == RUNNING
+    seq_len = slots.prompt + slots.generated
+    bs = cfg.block_size
+    cached = chunks is not None
+
+    # 1. Running requests (table order = admission order) share the budget greedily.
+    t = _greedy(jnp.where(running, seq_len - slots.computed, 0), cfg.max_num_batched_tokens)
+
+    # 2. KV blocks: preempt the most recently admitted until the rest fit.
+    pend = pc.chunk_end(chunks.end, slots.pin) if cached else 0
+    private = private_blocks(slots, chunks, bs)
+    extra = jnp.where(running, ceil_div(jnp.maximum(slots.computed + t - pend, 0), bs) - private, 0)
+    if cached:
+        held_blocks, pinned = pc.usage(cache, blocks_u)
+    else:
+        held_blocks = pinned = jnp.int32(0)
+    empty = cfg.kv_blocks - private.sum() - held_blocks
+    available = empty + held_blocks - pinned  # free blocks plus evictable cached chunks
+    # Preempting the running requests at positions >= p frees their private blocks and the chunks
+    # only they pin (a chunk's first pinner is at >= p).
+    freed = private.sum() - (jnp.cumsum(private) - private)
+    if cached:
+        width = chunks.ids.shape[1]
+        j = jnp.arange(width)[None, :]
+        u = blocks_u.shape[0]
+        pairs = running[:, None] & (j < slots.pin[:, None]) & (chunks.ids >= 0)
+        first = (
+            jnp.full(u, n_slots, jnp.int32)
+            .at[jnp.where(pairs, chunks.ids, u)]
+            .min(jnp.broadcast_to(pos[:, None], pairs.shape).astype(jnp.int32), mode="drop")
+        )
+        by_pos = jnp.zeros(n_slots + 1, jnp.int32).at[first].add(jnp.where(cache.ref > 0, blocks_u, 0))
+        freed = freed + (jnp.cumsum(by_pos[::-1])[::-1])[:n_slots]
+    keep_extra = jnp.cumsum(extra) - extra
+    fits = keep_extra <= available + freed
+    keep = jnp.where(extra.sum() <= available, n_slots, jnp.max(jnp.where(fits, pos, 0)))
+    preempted = running & (pos >= keep)
+    kept = running & ~preempted
+    n_pre = preempted.sum()
+    t = jnp.where(preempted, 0, t)
+    slots = slots._replace(
+        status=jnp.where(preempted, WAITING, slots.status),
+        computed=jnp.where(preempted, 0, slots.computed),
+        sched=t.astype(slots.sched.dtype),
+        preempted=slots.preempted + preempted,
+    )
+    if cached:
+        # Preempted requests release their chunks, newest request first, last chunk first.
+        order = (n_slots - 1 - pos)[:, None] * width + (width - 1 - j)
+        rel = preempted[:, None] & (j < slots.pin[:, None]) & (chunks.ids >= 0)
+        cache = pc.release(cache, chunks.ids, rel, order)
+        # Chunks the running requests complete in this iteration are cached now (vLLM caches full
+        # blocks when it allocates them), then evictions make room for their growth.
+        new_pin = jnp.maximum(slots.pin, pc.covered(chunks, slots.computed + t))
+        new_pin = jnp.where(kept, new_pin, 0)
+        ins = kept[:, None] & (j >= slots.pin[:, None]) & (j < new_pin[:, None]) & (chunks.ids >= 0)
+        cache = pc.add_refs(cache, chunks.ids, ins)
+        slots = slots._replace(pin=jnp.where(running, new_pin, slots.pin))
+        grown = jnp.where(
+            kept, ceil_div(jnp.maximum(slots.computed + t - pc.chunk_end(chunks.end, new_pin), 0), bs), 0
+        ).sum()
+        held_now, _ = pc.usage(cache, blocks_u)
+        cache = pc.evict(cache, grown + held_now - cfg.kv_blocks, blocks_u)
+        # 3. Admission, one by one, only when nothing was preempted.
+        budget_left = jnp.where(n_pre == 0, cfg.max_num_batched_tokens - t.sum(), 0)
+        slots, cache, admitted, stats = _admit_cached(
+            slots, cache, chunks, blocks_u, grown, budget_left, kept.sum(), cfg
+        )
+    else:
+        free_after = empty + jnp.where(preempted, private, 0).sum() - jnp.where(kept, extra, 0).sum()
+        admitted_slots, admitted, stats = _admit_fcfs(slots, t, free_after, kept.sum(), cfg)
+        take = n_pre == 0
+        slots = jax.tree.map(lambda a, b: jnp.where(take, a, b), admitted_slots, slots)
+        admitted = admitted & take
+        stats = jax.tree.map(lambda a: jnp.where(take, a, 0), stats)
+    shape = continuous_shape(slots)
+    zero = jnp.int32(0)
+    return Plan(
+        slots,
+        cache,
+        shape,
+        _duration(shape, cfg),
+        slots.sched.sum() > 0,
+        preempted,
+        admitted,
+        zero,
+        zero,
+        stats,
+    )
+
+
+def dynamic_can_start(slots: Slots, batch_rows: jax.Array, cfg: NodeConfig, now: jax.Array) -> jax.Array:
     """Earliest time >= now at which an idle dynamic-batching node launches (inf if never)."""
-    batch_open = (slots.status == RUNNING).any()
     waiting = slots.status == WAITING
     n_wait = waiting.sum()
     oldest = jnp.min(jnp.where(waiting, slots.arrival, jnp.inf))
     launch = jnp.where(n_wait >= cfg.max_batch_size, now, jnp.maximum(now, oldest + cfg.max_queue_delay))
-    return jnp.where(batch_open, now, jnp.where(n_wait > 0, launch, jnp.inf))
+    return jnp.where(batch_rows > 0, now, jnp.where(n_wait > 0, launch, jnp.inf))
 
 
-def plan_dynamic(slots: Slots, cfg: NodeConfig) -> Plan:
-    """Plan the next iteration of a dynamic-batching node: a new batch's prefill, or a decode."""
+def plan_dynamic(
+    slots: Slots, batch_rows: jax.Array, batch_prompt: jax.Array, cfg: NodeConfig, padding: bool
+):
+    """Plan the next iteration of a dynamic-batching node: a new batch's prefill, or a decode.
+
+    With `padding`, a new batch of b requests prefills b x (its longest prompt) tokens, and each
+    decode iteration computes all b rows over the padded context, finished members included,
+    until the batch's longest output is done. Without, only the real tokens and the unfinished
+    members count.
+    """
     running = slots.status == RUNNING
     waiting = slots.status == WAITING
-    # With no batch open, the first max_batch_size requests of the queue join.
-    joins = waiting & (jnp.cumsum(waiting) <= cfg.max_batch_size) & ~running.any()
+    fdt = slots.arrival.dtype
+    is_open = batch_rows > 0
+    joins = waiting & (jnp.cumsum(waiting) <= cfg.max_batch_size) & ~is_open
+    members = running | joins
     status = jnp.where(joins, RUNNING, slots.status)
     seq_len = slots.prompt + slots.generated
-    sched = jnp.where(status == RUNNING, seq_len - slots.computed, 0).astype(slots.sched.dtype)
+    sched = jnp.where(members, seq_len - slots.computed, 0).astype(slots.sched.dtype)
+    rows = jnp.where(is_open, batch_rows, joins.sum())
+    longest = jnp.where(is_open, batch_prompt, jnp.max(jnp.where(joins, slots.prompt, 0)))
+    p = slots.prompt.astype(fdt)
+    if padding:
+        pf, rf = longest.astype(fdt), rows.astype(fdt)
+        gen = jnp.max(jnp.where(running, slots.generated, 0)).astype(fdt)
+        one = longest <= 1  # a one-token prompt is classified as decoding (continuous step 4)
+        prefill = Shape(
+            prefill_tokens=jnp.where(one, 0.0, rf * pf),
+            decode_seqs=jnp.where(one, rf, 0.0),
+            kv_tokens=jnp.asarray(0.0, fdt),
+            prefill_pairs=jnp.where(one, 0.0, rf * pf * (pf + 1.0) / 2.0),
+        )
+        decode = Shape(
+            prefill_tokens=jnp.asarray(0.0, fdt),
+            decode_seqs=rf,
+            kv_tokens=rf * (pf + gen - 1.0),
+            prefill_pairs=jnp.asarray(0.0, fdt),
+        )
+    else:
+        big = joins & (slots.prompt > 1)
+        prefill = Shape(
+            prefill_tokens=jnp.where(big, p, 0.0).sum(),
+            decode_seqs=(joins & ~big).sum().astype(fdt),
+            kv_tokens=jnp.asarray(0.0, fdt),
+            prefill_pairs=jnp.where(big, p * (p + 1.0) / 2.0, 0.0).sum(),
+        )
+        decode = Shape(
+            prefill_tokens=jnp.asarray(0.0, fdt),
+            decode_seqs=running.sum().astype(fdt),
+            kv_tokens=jnp.where(running, (slots.prompt + slots.generated - 1).astype(fdt), 0.0).sum(),
+            prefill_pairs=jnp.asarray(0.0, fdt),
+        )
+    shape = jax.tree.map(lambda a, b: jnp.where(is_open, a, b), decode, prefill)
     new = slots._replace(status=status, sched=sched)
-    return Plan(new, _batch_time(new, cfg), sched.sum() > 0, jnp.zeros_like(running))
+    first = joins & (slots.hit < 0)
+    zero = jnp.int32(0)
+    stats = Admission(zero, zero, jnp.where(first, slots.prompt, 0).sum())
+    new = new._replace(hit=jnp.where(first, 0, new.hit))
+    started = members.any()
+    return Plan(
+        new,
+        None,
+        shape,
+        jnp.where(started, _duration(shape, cfg), 0.0),
+        started,
+        jnp.zeros_like(running),
+        joins,
+        jnp.where(started, rows, 0).astype(jnp.int32),
+        jnp.where(started, longest, 0).astype(jnp.int32),
+        stats,
+    )
 
 
 # Cap on a run's length, so integer conversions stay in range when the horizon is infinite.
 _MAX_RUN = 2**20
 
 
-def decode_run(plan: Plan, cfg: NodeConfig, room: jax.Array, kv_limited: bool) -> tuple[jax.Array, jax.Array]:
-    """Fold a stretch of identical decode iterations into one event: (iterations m, their duration).
+class Run(NamedTuple):
+    """A stretch of identical decode iterations folded into one event."""
+
+    repeat: jax.Array  # [] int32 iterations (1: no folding)
+    duration: jax.Array  # [] float, seconds of all of them
+    growth: jax.Array  # [] float, duration added per iteration (KV grows by one token per row)
+    energy: jax.Array  # [] float, joules of all of them
+
+
+def decode_run(
+    plan: Plan,
+    cfg: NodeConfig,
+    room: jax.Array,
+    free_blocks: jax.Array,
+    mode: str,
+    chunks: Chunks | None,
+    held: jax.Array | None,
+) -> Run:
+    """Fold a stretch of identical decode iterations into one event.
 
     When the planned iteration only decodes (no prefill, no admission, no preemption), the
-    iterations after it stay the same until a request finishes, a KV block runs short or an
-    arrival comes: each decodes the same n sequences over n more KV tokens. Step time is affine
-    in `kv_tokens` at a fixed batch (burstgym.latency), so the m iterations take
-    `m d0 + b m (m - 1) / 2` with `b` the growth per iteration, and the node can jump to their
-    end in one event. This changes no outcome (each iteration still happens, with the same
-    duration up to rounding); it only cuts the number of passes of the event loop, which the
-    slowest of the vmapped clusters sets. `room` is the time left before the next arrival.
-    Returns m = 1 and the planned duration when no run applies.
+    iterations after it compute the same rows, each over one more KV token per row, until the
+    batch changes: a request finishes (continuous, unpadded dynamic: the run ends with the
+    finishing iteration; padded dynamic: rows stay, so the run goes on to the batch's end), a KV
+    block runs short (continuous), a chunk already cached elsewhere would be completed (prefix
+    caching: completing it frees blocks), or the next arrival comes. Step time is affine in
+    `kv_tokens` at a fixed batch (burstgym.latency), so m iterations take
+    `m d0 + b m (m - 1) / 2` and the node can jump to their end in one event; every iteration
+    still happens, with the same duration up to rounding, and finishes inside the run keep their
+    own times (`finish_iteration`). `mode` is "continuous", "padded" or "unpadded". `room` is the
+    time left before the next arrival; `free_blocks` the blocks free after this plan.
     """
     new = plan.slots
     running = new.status == RUNNING
-    n = running.sum()
     seq_len = new.prompt + new.generated
     decoding = (new.sched == 1) & (new.computed == seq_len - 1)
-    # Every running sequence decodes and none was just admitted (a fresh one-token prompt also
-    # "decodes"): then admission stays blocked, since the budget, the sequence limit and the
-    # free blocks only stay or shrink while nothing finishes.
     steady = (
         plan.started
         & (decoding == running).all()
         & ~plan.preempted.any()
+        & ~plan.admitted.any()
         & ~(running & (new.generated == 0)).any()
+        & (plan.shape.prefill_tokens == 0)
     )
-    # No one finishes inside the run: request r emits m tokens and finishes at generated == output.
-    m_fin = jnp.min(jnp.where(running, new.output - new.generated, _MAX_RUN)) - 1
-    if kv_limited:
+    left = jnp.where(running, new.output - new.generated, 0)
+    if mode == "padded":
+        m_batch = jnp.max(left)
+    else:
+        m_batch = jnp.min(jnp.where(running, left, _MAX_RUN))
+    rows = plan.shape.decode_seqs
+    if mode == "continuous":
         # Over m iterations each sequence needs at most m // block_size + 1 new blocks.
-        free = cfg.kv_blocks - kv_blocks_used(new, cfg.block_size)
-        m_kv = (free // jnp.maximum(n, 1)) * cfg.block_size - 1
+        n = jnp.maximum(running.sum(), 1)
+        m_kv = (free_blocks // n) * cfg.block_size
     else:
         m_kv = jnp.int32(_MAX_RUN)
+    if chunks is not None:
+        # The run must not complete a chunk the node already holds (iterations 2..m).
+        nxt = jnp.minimum(new.pin, chunks.ids.shape[1] - 1)
+        nxt_id = jnp.take_along_axis(chunks.ids, nxt[:, None], axis=1)[:, 0]
+        nxt_end = jnp.take_along_axis(chunks.end, nxt[:, None], axis=1)[:, 0]
+        dup = running & (new.pin < chunks.ids.shape[1]) & (nxt_id >= 0) & held[jnp.maximum(nxt_id, 0)]
+        m_kv = jnp.minimum(m_kv, jnp.min(jnp.where(dup, nxt_end - new.computed - 1, _MAX_RUN)))
     d0 = plan.duration
-    kv0 = jnp.where(decoding, new.computed, 0).sum().astype(d0.dtype)
-    nf = n.astype(d0.dtype)
-    b = jnp.maximum(cfg.speed * step_time(cfg.latency, 0.0, nf, kv0 + nf, 0.0) - d0, 0.0)
+    kv0 = plan.shape.kv_tokens
+    b = jnp.maximum(cfg.speed * step_time(cfg.latency, 0.0, rows, kv0 + rows, 0.0) - d0, 0.0)
 
     def total(m: jax.Array) -> jax.Array:
         mf = m.astype(d0.dtype)
@@ -217,52 +530,97 @@ def decode_run(plan: Plan, cfg: NodeConfig, room: jax.Array, kv_limited: bool) -
     )
     m_time = jnp.floor(jnp.minimum(root, _MAX_RUN)).astype(jnp.int32)
     m_time = jnp.where(total(m_time) > room, m_time - 1, m_time)
-    m = jnp.minimum(jnp.minimum(m_fin, m_kv), m_time).astype(jnp.int32)
+    m = jnp.minimum(jnp.minimum(m_batch, m_kv), m_time).astype(jnp.int32)
     use = steady & (d0 > 0) & (m >= 2)
     m = jnp.where(use, m, 1)
-    return m, jnp.where(use, total(m), d0)
+    mf = m.astype(d0.dtype)
+    duration = jnp.where(use, total(m), d0)
+    shape = plan.shape
+    tokens = mf * (shape.prefill_tokens + rows)
+    kv = mf * kv0 + rows * mf * (mf - 1.0) / 2.0
+    energy = energy_of(cfg, duration, tokens, kv, shape.prefill_pairs, mf)
+    return Run(m, duration, jnp.where(use, b, 0.0), jnp.where(plan.started, energy, 0.0))
+
+
+def energy_of(cfg: NodeConfig, duration, tokens, kv_tokens, pairs, iterations) -> jax.Array:
+    """Joules of `iterations` iterations of this node (burstgym.latency.power.energy_j)."""
+    return energy_j(cfg.power, duration, tokens, kv_tokens, pairs, iterations)
 
 
 class IterationResult(NamedTuple):
-    """The effect of an iteration ending on one node."""
+    """The effect of an iteration (or a run) ending on one node."""
 
     slots: Slots
-    first_token: jax.Array  # [S] bool, slots whose first output token came in this iteration
-    finished: jax.Array  # [S] bool, slots whose last output token came (now freed)
-    finished_req: jax.Array  # [S] int32, request index of each finished slot
+    finished: jax.Array  # [S] bool, slots whose last output token came (now DONE)
 
 
-def compact(slots: Slots) -> Slots:
-    """Move the occupied slots to the front, keeping their order (a stable compaction)."""
-    keep = slots.status != EMPTY
-    target = jnp.where(keep, jnp.cumsum(keep) - 1, keep.shape[0])
-
-    def pack(field: jax.Array, empty: int) -> jax.Array:
-        return jnp.full_like(field, empty).at[target].set(field, mode="drop")
-
-    return Slots(
-        *(pack(f, NO_REQUEST if name == "req" else 0) for name, f in zip(Slots._fields, slots, strict=True))
-    )
-
-
-def finish_iteration(slots: Slots, repeat: jax.Array) -> IterationResult:
+def finish_iteration(
+    slots: Slots, repeat: jax.Array, start: jax.Array, d0: jax.Array, growth: jax.Array
+) -> IterationResult:
     """Apply the scheduled tokens: KV grows, a sequence that reaches its length emits a token.
 
-    `repeat` > 1 ends a run of identical decode iterations (`decode_run`): each decoding
-    sequence then gains `repeat` KV tokens and output tokens.
+    `repeat` = m > 1 ends a run of identical decode iterations (`decode_run`) that began at
+    `start`: a decoding sequence emits min(m, tokens it still owes) tokens, and one that finishes
+    at the k-th iteration of the run finishes at `start + k d0 + growth k (k - 1) / 2`.
     """
     seq_len = slots.prompt + slots.generated
     scheduled = slots.sched > 0
     emits = scheduled & (slots.computed + slots.sched == seq_len)
-    computed = slots.computed + slots.sched + jnp.where(scheduled, repeat - 1, 0)
-    generated = slots.generated + jnp.where(emits, repeat, 0)
+    k = jnp.where(emits, jnp.minimum(repeat, slots.output - slots.generated), 1)
+    computed = slots.computed + jnp.where(scheduled, slots.sched + k - 1, 0)
+    generated = slots.generated + jnp.where(emits, k, 0)
+    kf = k.astype(d0.dtype)
+    at = start + kf * d0 + growth * kf * (kf - 1.0) / 2.0
     first = emits & (slots.generated == 0)
     finished = emits & (generated >= slots.output)
     new = slots._replace(
         computed=computed,
         generated=generated,
         sched=jnp.zeros_like(slots.sched),
-        status=jnp.where(finished, EMPTY, slots.status),
-        req=jnp.where(finished, NO_REQUEST, slots.req),
+        status=jnp.where(finished, DONE, slots.status),
+        ttft=jnp.where(first, at - slots.arrival, slots.ttft),
+        e2e=jnp.where(finished, at - slots.arrival, slots.e2e),
     )
-    return IterationResult(new, first, finished, slots.req)
+    return IterationResult(new, finished)
+
+
+def release_finished(
+    cache: PrefixCache, slots: Slots, finished: jax.Array, chunks: Chunks
+) -> tuple[PrefixCache, Slots]:
+    """Finished requests release their chunks (in admission order, each last chunk first)."""
+    n_slots, width = chunks.ids.shape
+    j = jnp.arange(width)[None, :]
+    pos = jnp.arange(n_slots)[:, None]
+    rel = finished[:, None] & (j < slots.pin[:, None]) & (chunks.ids >= 0)
+    cache = pc.release(cache, chunks.ids, rel, pos * width + (width - 1 - j))
+    return cache, slots._replace(pin=jnp.where(finished, 0, slots.pin))
+
+
+_FILL = {"req": NO_REQUEST, "hit": -1, "ttft": jnp.nan, "e2e": jnp.nan}
+
+
+def empty_slots(n_nodes: int, n_slots: int, fdt) -> Slots:
+    """A table of free slots."""
+    shape = (n_nodes, n_slots)
+
+    def make(name: str) -> jax.Array:
+        dtype = fdt if name in ("arrival", "ttft", "e2e") else jnp.int32
+        return jnp.full(shape, _FILL.get(name, 0), dtype)
+
+    return Slots(*(make(name) for name in Slots._fields))
+
+
+def compact(slots: Slots) -> Slots:
+    """Move the occupied (waiting or running) slots to the front, keeping their order."""
+    keep = (slots.status == WAITING) | (slots.status == RUNNING)
+    target = jnp.where(keep, jnp.cumsum(keep) - 1, keep.shape[0])
+
+    def pack(name: str, field: jax.Array) -> jax.Array:
+        return jnp.full_like(field, _FILL.get(name, 0)).at[target].set(field, mode="drop")
+
+    return Slots(*(pack(name, f) for name, f in zip(Slots._fields, slots, strict=True)))
+
+
+def occupied(slots: Slots) -> jax.Array:
+    """[..., S] bool: slots holding a waiting or running request."""
+    return (slots.status == WAITING) | (slots.status == RUNNING)

@@ -1,7 +1,12 @@
 """The simulator's data: static configuration, per-episode parameters and state, as pytrees.
 
-Shapes use `N` for nodes, `S` for request slots per node and `E` for requests per episode.
-Every array field says its shape and dtype; floats use JAX's default float dtype.
+Shapes use `N` for nodes, `S` for request slots per node, `E` for requests per episode, `B` for
+prefix chunks per request and `U` for distinct prefix chunks per episode. Every array field says
+its shape and dtype; floats use JAX's default float dtype.
+
+Times held in the state are *relative to the current arrival* (the clock's origin moves to each
+new arrival), so float32 keeps sub-microsecond resolution however long the episode; the request
+log holds latencies, not absolute times.
 """
 
 from __future__ import annotations
@@ -11,18 +16,20 @@ from typing import NamedTuple
 
 import jax
 
-from burstgym.latency import LatencyModel
+from burstgym.latency import LatencyModel, PowerModel
 from burstgym.workload import Requests, Workload
 
 # Node phases (NodeState.phase).
 IDLE, BUSY, ASLEEP, WAKING = 0, 1, 2, 3
-# Request-slot status (Slots.status).
-EMPTY, WAITING, RUNNING = 0, 1, 2
+# Request-slot status (Slots.status). DONE: finished during this step, logged and freed at its end.
+EMPTY, WAITING, RUNNING, DONE = 0, 1, 2, 3
 # Request index of an empty slot: out of bounds, so scatters to the log drop it.
 NO_REQUEST = 2**31 - 1
 
 SCHEDULERS = ("continuous", "dynamic")
-OBJECTIVES = ("latency", "slo")
+OBJECTIVES = ("latency", "excess", "slo")
+REWARDS = ("accrual", "finish")
+ENDS = ("drain", "cut")
 
 
 @dataclass(frozen=True)
@@ -30,17 +37,23 @@ class EnvConfig:
     """Static configuration: fixes array shapes and which code is traced (hashable for jit)."""
 
     n_nodes: int  # N
-    episode_length: int  # E, arrivals per episode
+    episode_length: int  # E, arrivals routed per episode
     scheduler: str  # "continuous" (vLLM/Orca) or "dynamic" (Triton dynamic batcher)
     workload: Workload  # draws the request stream at reset
-    objective: str = "latency"  # "latency" (latency + drops + energy) or "slo" (goodput)
-    slots: int = 128  # S >= running limit + queue capacity on every node
+    objective: str = "latency"  # "latency", "excess" (latency beyond an idle node's) or "slo" (goodput)
+    reward: str = "accrual"  # "accrual" (Little's law, as it accrues) or "finish" (each request when done)
+    end: str = "drain"  # "drain": the last step serves everyone (termination); "cut": stop (truncation)
+    slots: int = 128  # S, requests a node can hold; more raises a slot-overflow error
+    prefix_caching: bool = False  # continuous batching: per-node prefix cache (traced only when True)
+    chunk_tokens: int = 512  # G, tokens per prefix-cache chunk (a multiple of every node's block_size)
+    padding: bool = True  # dynamic batching: pad prompts to the batch's longest, keep finished rows
 
 
 class NodeParams(NamedTuple):
     """Per-node parameters; every field has shape [N] so clusters may be heterogeneous."""
 
     latency: LatencyModel  # step-time coefficients, each [N] float
+    power: PowerModel  # energy coefficients, each [N] float (burstgym.latency.power)
     speed: jax.Array  # [N] float, multiplies every iteration's duration
     max_num_seqs: jax.Array  # [N] int32, running-set limit (continuous)
     max_num_batched_tokens: jax.Array  # [N] int32, token budget per iteration (continuous)
@@ -49,11 +62,11 @@ class NodeParams(NamedTuple):
     max_batch_size: jax.Array  # [N] int32 (dynamic)
     max_queue_delay: jax.Array  # [N] float, seconds (dynamic)
     queue_capacity: jax.Array  # [N] int32, waiting requests beyond which arrivals are dropped
-    busy_power_w: jax.Array  # [N] float, watts while an iteration runs
-    idle_power_w: jax.Array  # [N] float, watts while idle or waking
     sleep_power_w: jax.Array  # [N] float, watts while asleep
     sleep_timeout: jax.Array  # [N] float, seconds idle and empty before sleeping (inf: never)
     wake_delay: jax.Array  # [N] float, seconds from an arrival to being able to run
+    capacity_rps: jax.Array  # [N] float, requests/s the node sustains (burstgym.capacity)
+    request_scale: jax.Array  # [N] float, requests a node holds at saturation (observation scale)
 
 
 class EnvParams(NamedTuple):
@@ -62,44 +75,78 @@ class EnvParams(NamedTuple):
     nodes: NodeParams
     drop_penalty: jax.Array  # [] float, objective cost of one drop (seconds of latency)
     energy_weight: jax.Array  # [] float, objective cost per joule (seconds per J)
+    ttft_weight: jax.Array  # [] float, weight of TTFT added to the latency objectives
     reward_scale: jax.Array  # [] float, rewards are divided by it
     ttft_slo: jax.Array  # [] float, seconds
     tpot_slo: jax.Array  # [] float, seconds per output token
-    capacity_rate: jax.Array  # [] float, requests/s the cluster sustains (observation scale)
-    prompt_scale: jax.Array  # [] float, tokens (observation scale)
+    capacity_rate: jax.Array  # [] float, requests/s the cluster sustains (sum of capacity_rps)
+    arrival_rate: jax.Array  # [] float, the workload's mean arrivals/s (load x capacity_rate)
+    prompt_scale: jax.Array  # [] float, tokens (observation scale: mean prompt)
     age_scale: jax.Array  # [] float, seconds (observation scale for waiting age)
     rate_window: jax.Array  # [] float, seconds, time constant of the arrival-rate estimate
+    signal_interval: jax.Array  # [] float, seconds between refreshes of the load signals (0: exact)
 
 
 class Slots(NamedTuple):
     """Requests held by each node, in a fixed table of S slots per node; all fields [N, S].
 
     Each node's table is ordered: running requests by admission (oldest first), then waiting
-    requests in FCFS queue order; empty slots are holes or trail (see `burstgym.scheduler`).
+    requests in FCFS queue order; free (EMPTY or DONE) slots are holes or trail (see
+    `burstgym.scheduler`).
     """
 
     req: jax.Array  # int32, request index in the episode stream, NO_REQUEST when the slot is empty
-    status: jax.Array  # int32, EMPTY / WAITING / RUNNING
-    arrival: jax.Array  # float, arrival time
+    status: jax.Array  # int32, EMPTY / WAITING / RUNNING / DONE
+    arrival: jax.Array  # float, arrival time (relative to the current arrival: <= 0)
     prompt: jax.Array  # int32, prompt tokens
     output: jax.Array  # int32, output tokens to generate
     computed: jax.Array  # int32, tokens whose KV is in cache
     generated: jax.Array  # int32, output tokens produced so far
     sched: jax.Array  # int32, tokens scheduled in the iteration now running (0 if none)
+    pin: jax.Array  # int32, leading prefix chunks this request holds in the node's prefix cache
+    hit: jax.Array  # int32, prompt tokens served from the prefix cache at first admission (-1: not yet)
+    preempted: jax.Array  # int32, times preempted
+    ttft: jax.Array  # float, seconds from arrival to the first token (nan until then)
+    e2e: jax.Array  # float, seconds from arrival to the last token (nan until then)
 
 
 class NodeState(NamedTuple):
-    """Per-node scheduler and power state; all fields [N]."""
+    """Per-node scheduler, power and accounting state; all fields [N]."""
 
     phase: jax.Array  # int32, IDLE / BUSY / ASLEEP / WAKING
-    iter_end: jax.Array  # float, end of the running iteration (BUSY)
+    iter_start: jax.Array  # float, start of the running iteration or run (BUSY)
+    iter_end: jax.Array  # float, end of the running iteration or run (BUSY)
     repeat: jax.Array  # int32, identical decode iterations the running event covers (1: one)
+    run_d0: jax.Array  # float, duration of the first iteration of the running event
+    run_growth: jax.Array  # float, growth of the duration per iteration within a decode run
+    busy_w: jax.Array  # float, watts drawn by the running iteration or run
     wake_end: jax.Array  # float, end of waking (WAKING)
     idle_since: jax.Array  # float, when the node last became idle
     last_time: jax.Array  # float, time up to which latency and energy are accrued
     energy_j: jax.Array  # float, energy drawn this episode
     busy_s: jax.Array  # float, time spent running iterations this episode
     routed: jax.Array  # int32, requests routed to the node (accepted or dropped)
+    batch_rows: jax.Array  # int32, rows of the batch in flight (dynamic; 0: none)
+    batch_prompt: jax.Array  # int32, longest prompt of the batch in flight (dynamic, padding)
+    batch_gen: jax.Array  # int32, tokens each row of the batch in flight has produced (dynamic)
+    prefill_tokens: jax.Array  # int32, prompt and recompute tokens prefilled this episode
+    saved_tokens: jax.Array  # int32, tokens served from the prefix cache at admission (re-admissions too)
+    hit_tokens: jax.Array  # int32, prompt tokens served from the prefix cache at first admission
+    admitted_prompt: jax.Array  # int32, prompt tokens of first admissions (hit-rate denominator)
+
+
+class PrefixCache(NamedTuple):
+    """Per-node prefix cache over the episode's U distinct chunks (docs/semantics.md, "Prefix cache").
+
+    A chunk is present on a node when a running request pins it (`ref > 0`) or when it was
+    released after the node's eviction watermark (`stamp > watermark`). Releases get increasing
+    stamps, so evicting least-recently-released first is raising the watermark.
+    """
+
+    ref: jax.Array  # [N, U] int32, running requests that hold the chunk
+    stamp: jax.Array  # [N, U] int32, release order of the chunk (0: never released)
+    watermark: jax.Array  # [N] int32, chunks released at or before this stamp are evicted
+    counter: jax.Array  # [N] int32, last stamp handed out
 
 
 class RequestLog(NamedTuple):
@@ -107,20 +154,40 @@ class RequestLog(NamedTuple):
 
     node: jax.Array  # int32, node it was routed to (-1 before routing)
     dropped: jax.Array  # bool
-    first_token: jax.Array  # float, time of the first output token (nan until then)
-    finish: jax.Array  # float, time the last output token was produced (nan until then)
+    ttft: jax.Array  # float, seconds from arrival to the first output token (nan until finished)
+    e2e: jax.Array  # float, seconds from arrival to the last output token (nan until finished)
     preemptions: jax.Array  # int32, times it was preempted
+    hit_tokens: jax.Array  # int32, prompt tokens served from the prefix cache at first admission
+
+
+class Service(NamedTuple):
+    """What each request would take alone on an idle node with an empty cache (the fastest node)."""
+
+    ttft: jax.Array  # [E] float, seconds
+    e2e: jax.Array  # [E] float, seconds
 
 
 class State(NamedTuple):
     """Everything about one cluster's episode."""
 
-    key: jax.Array  # PRNG key for the next reset
-    requests: Requests  # the episode's stream, [E] each
+    key: jax.Array  # [2] uint32, raw PRNG key data for the next reset
+    requests: Requests  # the episode's stream, [E + 1] each (the last only marks the cut time)
+    service: Service  # idle-node service times, [E + 1] each
     step: jax.Array  # [] int32, index of the request waiting to be routed
-    time: jax.Array  # [] float, now (the arrival time of request `step`)
-    t_end: jax.Array  # [] float, end of the episode (after the drain), nan before
+    horizon: jax.Array  # [] int32, the episode ends after routing this many requests (<= E)
+    clock: jax.Array  # [] float, seconds from the episode's first arrival to the current arrival
+    t_end: jax.Array  # [] float, end of the episode (clock after the drain or cut), nan before
     rate_estimate: jax.Array  # [] float, exponentially weighted arrival rate, req/s
+    seen: jax.Array  # [N, K] float, the load signals as last refreshed (burstgym.signals)
+    next_refresh: jax.Array  # [] float, clock of the next refresh of `seen`
     slots: Slots
     nodes: NodeState
+    cache: PrefixCache
     log: RequestLog
+    error: jax.Array  # [] int32, ERROR_* bits: a slot table overflowed or an event loop ran away
+
+
+# State.error bits, raised as exceptions by the Python faces (burstgym.errors).
+ERROR_SLOT_OVERFLOW = 1
+ERROR_RUNAWAY = 2
+ERROR_STAMP_OVERFLOW = 4

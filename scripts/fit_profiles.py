@@ -1,11 +1,17 @@
-"""Regenerate every shipped latency profile (burstgym/profiles/*.json) from the calibration data.
+"""Regenerate the shipped calibrations from the public calibration data.
 
     python scripts/fit_profiles.py [--data DIR] [--out burstgym/profiles] [--check]
 
-Reads Vidur's kernel timings and DistServe's fitted serving coefficients from
-shared/data/calibration (or $BURSTGYM_SHARED_DATA/calibration), fits one set of GPU constants per
-GPU, composes them with each model architecture and writes the profiles with provenance. Exits
-0 with a message when the data is absent. ``--check`` fits and prints without writing.
+Reads shared/data/calibration (or $BURSTGYM_SHARED_DATA/calibration; see its SOURCES.md) and
+1. fits one set of kernel constants per GPU to Vidur's kernel timings (linear layers, attention,
+   all-reduce); the H200's are derived from the H100's;
+2. fits the engine calibrations (burstgym/latency/engines/*.json): ``splitwise-2023`` to Splitwise's
+   end-to-end Llama-2-70B runs, ``distserve-vllm`` to DistServe's vLLM decode fit, ``vllm-ci`` to
+   vLLM's CI latency tests (`burstgym.latency.validate`);
+3. fits the A100 energy constants to Splitwise's average power and derives the H100's and H200's;
+4. composes every shipped profile (burstgym/profiles/*.json) with the default engine.
+Prints every fit error. Exits 0 with a message when the data is absent. ``--check`` fits and
+prints without writing.
 """
 
 from __future__ import annotations
@@ -13,48 +19,36 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import os
 import sys
 from pathlib import Path
 
-import numpy as np
-import pandas as pd
-
-from burstgym.calibrate import (
-    AttentionSamples,
-    attention_samples,
+from burstgym.latency import validate
+from burstgym.latency.configs import load_model_config
+from burstgym.latency.engines import DEFAULT_ENGINE, ENGINES_DIR
+from burstgym.latency.fit import (
     concat_samples,
-    fit_allreduce,
     fit_attention_heldout,
     fit_linear_heldout,
     holdout_mask,
-    linear_samples,
     mape,
     predict_linear,
     subset,
 )
-from burstgym.latency import (
-    PROFILES_DIR,
-    GPUConstants,
-    build_profile,
-    compose_latency_model,
-    load_model_config,
+from burstgym.latency.power import derive_energy
+from burstgym.latency.profiles import PROFILES_DIR, GPUConstants, build_profile
+from burstgym.latency.sources import (
+    data_dir,
+    read_vidur_allreduce,
+    read_vidur_attention,
+    read_vidur_linear,
 )
 
-REPO = Path(__file__).resolve().parents[1]
-VIDUR_MODELS = {  # Vidur's folder name -> burstgym model file
-    "Llama-2-7b-hf": "llama-2-7b",
-    "Meta-Llama-3-8B": "llama-3-8b",
-    "Llama-2-70b-hf": "llama-2-70b",
-    "Meta-Llama-3-70B": "llama-3-70b",
-    "CodeLlama-34b-Instruct-hf": "codellama-34b",
-    "phi-2": "phi-2",
-}
 MIB = 2**20
-# Per-GPU hardware figures. Memory as nvidia-smi reports it; busy power = board TDP from NVIDIA's
-# datasheets (A100: "A100 Tensor Core GPU" datasheet, SXM4 80GB 400 W; H100: "H100 Tensor Core GPU"
-# datasheet, SXM5 up to 700 W; H200: "H200 Tensor Core GPU" datasheet, SXM up to 700 W). Idle power
-# is an ASSUMPTION (typical nvidia-smi readings of an idle SXM board), not a measurement.
+# Per-GPU hardware figures. Memory as nvidia-smi reports it; TDP, HBM bandwidth and dense bf16
+# compute from NVIDIA's datasheets (A100: "A100 Tensor Core GPU" datasheet, SXM4 80GB 400 W;
+# H100: "H100 Tensor Core GPU" datasheet, SXM5 up to 700 W; H200: "H200 Tensor Core GPU"
+# datasheet, SXM up to 700 W). Idle power with a model loaded is an ASSUMPTION (typical
+# nvidia-smi readings of an idle SXM board), not a measurement.
 HARDWARE = {
     "a100": {
         "name": "A100-SXM4-80GB",
@@ -81,11 +75,6 @@ HARDWARE = {
         "peak_flops": 989e12,
     },
 }
-POWER_SOURCES = (
-    "per GPU x TP. Busy = TDP from NVIDIA datasheets (A100 SXM4 400 W, H100 SXM5 700 W, "
-    "H200 SXM 700 W); idle = assumption (A100 50 W, H100 70 W, H200 75 W, typical idle "
-    "nvidia-smi draw), not measured"
-)
 PROFILES = [  # (gpu, model, tp)
     ("h100", "llama-2-7b", 1),
     ("h100", "llama-3-8b", 1),
@@ -100,114 +89,23 @@ PROFILES = [  # (gpu, model, tp)
     ("a100", "llama-3-70b", 4),
     ("h200", "llama-3-70b", 4),
 ]
-DISTSERVE_MODEL, DISTSERVE_CONTEXT = "opt-13b", 512
 
 
-def data_dir(arg: str | None) -> Path:
-    """The calibration folder: --data, $BURSTGYM_SHARED_DATA/calibration, or ../shared/data/calibration."""
-    if arg:
-        return Path(arg)
-    env = os.environ.get("BURSTGYM_SHARED_DATA")
-    base = Path(env) if env else REPO.parent / "shared" / "data"
-    return base / "calibration"
-
-
-def read_linear(root: Path, gpu: str) -> tuple[dict[tuple[str, int], object], list[str]]:
-    """Vidur per-layer operator medians summed over layers (plus the embedding), N <= 4096, by (model, TP)."""
-    out, files = {}, []
-    for path in sorted((root / "vidur" / "compute" / gpu).glob("*/*/mlp.csv")):
-        model = load_model_config(VIDUR_MODELS[path.parent.name])
-        df = pd.read_csv(path).drop_duplicates(subset=["num_tokens", "num_tensor_parallel_workers"])
-        df = df[df.num_tokens <= 4096]
-        layer_ops = [c for c in df.columns if c.endswith(".median") and ".emb." not in c]
-        for tp, part in df.groupby("num_tensor_parallel_workers"):
-            ms = model.num_layers * part[layer_ops].sum(axis=1) + part["time_stats.emb.median"]
-            out[(model.name, int(tp))] = linear_samples(
-                model, int(tp), part.num_tokens.to_numpy(), ms.to_numpy() * 1e-3
-            )
-        files.append(str(path.relative_to(root)))
-    return out, files
-
-
-def read_attention(root: Path) -> AttentionSamples:
-    """The transcribed Vidur A100 Llama-3-8B attention samples (per-layer medians)."""
-    df = pd.read_csv(root / "vidur" / "attention_samples_a100_llama3_8b.csv")
-    model = load_model_config("llama-3-8b")
-    parts = [
-        attention_samples(
-            model,
-            int(tp),
-            g.is_prefill.to_numpy(),
-            g.batch_size.to_numpy(),
-            g.kv_cache_size.to_numpy(),
-            g.prefill_chunk_size.to_numpy(),
-            g.attn_median_ms_per_layer.to_numpy() * 1e-3,
-        )
-        for tp, g in df.groupby("tp")
-    ]
-    return concat_samples(parts)
-
-
-def read_allreduce(root: Path, platform: str) -> dict[str, tuple[list[float], dict]]:
-    """Alpha-beta fits of Vidur's all-reduce timings inside one node (rank 0), by TP degree."""
-    df = pd.read_csv(root / "vidur" / "network" / platform / "all_reduce.csv")
-    df = df[(df["rank"] == 0) & (df.devices_per_node == df.num_workers)]
-    return {
-        str(int(n)): fit_allreduce(g["size"].to_numpy(), g["time_stats.all_reduce.median"].to_numpy() * 1e-3)
-        for n, g in df.groupby("num_workers")
-    }
-
-
-def serving_overhead(root: Path, a100: GPUConstants) -> dict[str, dict[str, float]]:
-    """Serving overhead implied by DistServe's decode fits: their step time minus our A100 kernels.
-
-    DistServe fitted decode = a + b x context tokens + c x batch on OPT-13B, A100, TP1, for vLLM and
-    for its own engine. Over batches 1..94 at 512 context tokens each, the part our kernel model
-    does not explain is regressed on batch size: intercept = per-iteration overhead, slope = per
-    sequence.
-    """
-    model = load_model_config(DISTSERVE_MODEL)
-    kernels = compose_latency_model(a100, model, 1)
-    batch = np.arange(1, 95, dtype=float)
-    from burstgym.latency import step_time
-
-    ours = np.asarray(step_time(kernels, 0, batch, batch * DISTSERVE_CONTEXT))
-    out = {}
-    for engine in ("vllm", "distserve"):
-        coef = json.loads((root / "distserve" / f"profiler-a100-80g.{engine}.json").read_text())
-        a, b, c = coef["facebook/opt-13b"]["1"]["decoding_smallbs"]
-        theirs = (a + b * batch * DISTSERVE_CONTEXT + c * batch) * 1e-3
-        slope, intercept = np.polyfit(batch, theirs - ours, 1)
-        out[engine] = {"overhead_s": float(intercept), "overhead_seq_s": float(slope)}
-    return out
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Fit, compose and write the shipped profiles; print the fit errors."""
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--data", help="calibration folder (default: ../shared/data/calibration)")
-    parser.add_argument("--out", type=Path, default=PROFILES_DIR)
-    parser.add_argument("--check", action="store_true", help="fit and report without writing")
-    args = parser.parse_args(argv)
-    root = data_dir(args.data)
-    if not (root / "vidur").is_dir():
-        print(
-            f"calibration data not found at {root} (set BURSTGYM_SHARED_DATA or --data); nothing regenerated"
-        )
-        return 0
-    today = dt.date.today().isoformat()
-    attention = read_attention(root)
+def fit_kernels(root: Path) -> tuple[dict[str, GPUConstants], dict]:
+    """Kernel constants per GPU family (the H200's derived) and their fit reports."""
+    attention = read_vidur_attention(root)
     att_fit, att_report = fit_attention_heldout(attention)
     print(
         f"attention (A100 Llama-3-8B samples): held-out MAPE {att_report['heldout_mape']:.1%} "
         f"(decode {att_report['heldout_mape_decode']:.1%}, prefill {att_report['heldout_mape_prefill']:.1%})"
     )
-    allreduce = {"a100": read_allreduce(root, "a100_dgx"), "h100": read_allreduce(root, "h100_dgx")}
+    allreduce = {
+        "a100": read_vidur_allreduce(root, "a100_dgx"),
+        "h100": read_vidur_allreduce(root, "h100_dgx"),
+    }
     fits, reports, files, per_model = {}, {}, {}, {}
     for gpu in ("a100", "h100"):
-        samples, files[gpu] = read_linear(root, gpu)
+        samples, files[gpu] = read_vidur_linear(root, gpu)
         lin = concat_samples(list(samples.values()))
         fits[gpu], reports[gpu] = fit_linear_heldout(lin)
         # Per (model, TP) error on the same held-out points, from a fit without them.
@@ -225,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         for tp, (_, rep) in sorted(allreduce[gpu].items(), key=lambda kv: int(kv[0])):
             print(f"  all-reduce {gpu} TP{tp}: held-out MAPE {rep['heldout_mape']:.1%}")
 
-    def constants(gpu: str, overhead: dict[str, float]) -> GPUConstants:
+    def constants(gpu: str) -> GPUConstants:
         hw, base = HARDWARE[gpu], fits[gpu]
         # Attention samples exist for the A100 only; other GPUs scale them by their own fitted
         # bandwidth and compute relative to the A100 fit (attention kernels are bandwidth- and
@@ -241,19 +139,12 @@ def main(argv: list[str] | None = None) -> int:
             attn_bw=att_fit["attn_bw"] * bw_ratio,
             prefill_layer_fixed_s=att_fit["prefill_layer_fixed_s"],
             attn_flops=att_fit["attn_flops"] * flop_ratio,
-            **overhead,
+            overhead_s=0.0,  # serving overhead comes from the engine calibration
+            overhead_seq_s=0.0,
             allreduce={tp: v[0] for tp, v in allreduce[gpu].items()},
         )
 
-    overheads = serving_overhead(root, constants("a100", {"overhead_s": 0.0, "overhead_seq_s": 0.0}))
-    for engine, o in overheads.items():
-        print(
-            f"serving overhead implied by DistServe's {engine} fit (OPT-13B, A100): "
-            f"{o['overhead_s'] * 1e3:.2f} ms + {o['overhead_seq_s'] * 1e6:.1f} us/seq"
-        )
-    # Shipped: DistServe's own (lighter) engine; its vLLM-2023 figure is the heavier alternative.
-    overhead = overheads["distserve"]
-    gpus = {g: constants(g, overhead) for g in ("a100", "h100")}
+    gpus = {g: constants(g) for g in ("a100", "h100")}
     h100, hw = gpus["h100"], HARDWARE["h200"]
     # H200: the H100 die with HBM3e. Bandwidth-bound constants scale by the datasheet bandwidth
     # ratio (4.8 / 3.35 TB/s); compute, fixed costs and NVLink all-reduce are kept from the H100.
@@ -268,36 +159,141 @@ def main(argv: list[str] | None = None) -> int:
             "attn_bw": h100.attn_bw * bw_scale,
         }
     )
+    info = {
+        "attention": att_report,
+        "linear": reports,
+        "per_model": per_model,
+        "allreduce": allreduce,
+        "files": files,
+    }
+    return gpus, info
 
-    common_sources = [
-        "vidur/attention_samples_a100_llama3_8b.csv",
-        "distserve/profiler-a100-80g.distserve.json",
-        "distserve/profiler-a100-80g.vllm.json",
-    ]
+
+def fit_energies(root: Path, gpus: dict[str, GPUConstants]) -> tuple[dict, dict]:
+    """Energy constants per GPU family: the A100's fitted, the H100's and H200's derived."""
+    a100, report = validate.fit_splitwise_energy(root, gpus["a100"])
+    ref, ref_rates = HARDWARE["a100"], (gpus["a100"].mem_bw, gpus["a100"].flops)
+    p_mem, p_comp = a100.roof_powers(ref_rates)
+    energies = {"a100": a100}
+    for gpu in ("h100", "h200"):
+        hw = HARDWARE[gpu]
+        energies[gpu] = derive_energy(
+            a100,
+            ref_rates,
+            hw["name"],
+            hw["busy_w"],
+            hw["idle_w"],
+            (gpus[gpu].mem_bw, gpus[gpu].flops),
+            source=(
+                f"derived from the A100 fit: static power and the power above it at the memory and compute "
+                f"roofs held at the A100's shares of TDP ({a100.static_w / ref['busy_w']:.2f}, "
+                f"{p_mem / ref['busy_w']:.2f}, {p_comp / ref['busy_w']:.2f}), at this GPU's TDP and fitted "
+                f"kernel rates; idle {hw['idle_w']:.0f} W assumed; not measured"
+            ),
+        )
+    return energies, report
+
+
+POWER_SOURCES = (
+    "per node = per GPU x TP. Energy roofline (Choi et al., IPDPS 2013): A100 constants fitted to "
+    "Splitwise's measured average power; H100/H200 derived from them (not measured). Limit = TDP from "
+    "NVIDIA datasheets (A100 SXM4 400 W, H100 SXM5 700 W, H200 SXM 700 W); idle = assumption "
+    "(A100 50 W, H100 70 W, H200 75 W, typical idle nvidia-smi draw), not measured"
+)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Fit, compose and write the shipped engines and profiles; print the fit errors."""
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--data", help="calibration folder (default: ../shared/data/calibration)")
+    parser.add_argument("--out", type=Path, default=PROFILES_DIR)
+    parser.add_argument("--engines-out", type=Path, default=ENGINES_DIR)
+    parser.add_argument("--check", action="store_true", help="fit and report without writing")
+    args = parser.parse_args(argv)
+    root = data_dir(args.data)
+    needed = ("vidur", "splitwise", "distserve")
+    if not all((root / d).is_dir() for d in needed):
+        print(
+            f"calibration data not found at {root} (needs {', '.join(needed)}; set BURSTGYM_SHARED_DATA "
+            "or --data); nothing regenerated"
+        )
+        return 0
+    today = dt.date.today().isoformat()
+    gpus, kern = fit_kernels(root)
+    engines = validate.fit_engines(root, gpus)
+    print(validate.heldout_table(engines["splitwise-2023"].provenance["report"]))
+    for name, engine in engines.items():
+        for key, t in engine.gpus.items():
+            print(
+                f"engine {name} [{key}]: {t.overhead_s * 1e3:.2f} ms/iteration + "
+                f"{t.overhead_seq_s * 1e6:.1f} "
+                f"us/sequence + {t.layer_s * 1e6:.1f} us/layer; all-reduce step "
+                + ("NCCL" if t.allreduce_step_s is None else f"{t.allreduce_step_s * 1e6:.2f} us")
+                + f", bandwidth x{t.allreduce_bw_factor:.2f}"
+            )
+    energies, energy_report = fit_energies(root, gpus)
+    for gpu, e in energies.items():
+        p_mem, p_comp = e.roof_powers((gpus[gpu].mem_bw, gpus[gpu].flops))
+        print(
+            f"energy {gpu}: static {e.static_w:.0f} W, {e.joule_per_byte * 1e12:.0f} pJ/B, "
+            f"{e.joule_per_flop * 1e12:.2f} pJ/FLOP; memory roof +{p_mem:.0f} W, compute roof +{p_comp:.0f} W"
+        )
+    print(
+        f"A100 average power: MAPE {energy_report['power_mape']:.1%}, leave one run out "
+        f"{energy_report['power_mape_leave_one_out']:.1%} over {energy_report['runs']} runs"
+    )
+    if not args.check:
+        args.engines_out.mkdir(parents=True, exist_ok=True)
+        for name, engine in engines.items():
+            (args.engines_out / f"{name}.json").write_text(json.dumps(engine.to_dict(), indent=2) + "\n")
+
+    default = engines[DEFAULT_ENGINE]
+    heldout = {
+        f"{r['gpu']}_tp{r['fit_tp']}_to_tp{r['heldout_tp']}": {
+            "decode_mape": r["decode_mape"],
+            "prefill_mape": r["prefill_mape"],
+        }
+        for r in engines["splitwise-2023"].provenance["report"]["heldout"]
+    }
     written = []
     for gpu, model_name, tp in PROFILES:
         model = load_model_config(model_name)
         fit_gpu = "h100" if gpu == "h200" else gpu
-        platform = f"{fit_gpu}_dgx"
+        engine_key, _ = default.terms_for(gpus[gpu].name)
         fit_error = {
-            "linear_heldout_mape_gpu": reports[fit_gpu]["heldout_mape"],
-            "linear_heldout_mape_this_model_tp": per_model[fit_gpu].get((model_name, tp)),
-            "attention_heldout_mape_a100_llama3_8b": att_report["heldout_mape"],
-            "allreduce_heldout_mape": allreduce[fit_gpu][str(tp)][1]["heldout_mape"] if tp > 1 else None,
+            "linear_heldout_mape_gpu": kern["linear"][fit_gpu]["heldout_mape"],
+            "linear_heldout_mape_this_model_tp": kern["per_model"][fit_gpu].get((model_name, tp)),
+            "attention_heldout_mape_a100_llama3_8b": kern["attention"]["heldout_mape"],
+            "allreduce_heldout_mape": kern["allreduce"][fit_gpu][str(tp)][1]["heldout_mape"]
+            if tp > 1
+            else None,
+            "engine_vllm_ci_leave_one_gpu_out": [
+                {"test": r["test"], "error": r["error"]}
+                for r in default.provenance["report"]["leave_one_gpu_out"]
+                if r["heldout_gpu"] == engine_key
+            ],
+            "engine_splitwise_2023_tp_heldout": heldout,
+            "power_a100_mape": energy_report["power_mape"],
         }
         derived = gpu == "h200"
         provenance = {
             "kind": "derived" if derived else "measured",
             "detail": (
-                "H100 fit with the H200's HBM bandwidth (4.8 vs 3.35 TB/s) and memory (141 GB); "
-                "no H200 kernel data and no device measurement in this session"
+                "H100 kernel fit with the H200's HBM bandwidth (4.8 vs 3.35 TB/s) and memory (141 GB); "
+                "no H200 kernel data"
                 if derived
-                else f"GPU constants fitted to Vidur {fit_gpu.upper()} kernel timings of "
-                f"{len(per_model[fit_gpu])} model/TP combinations; this model/TP "
-                f"{'is' if (model_name, tp) in per_model[fit_gpu] else 'is not'} among them"
+                else f"kernel constants fitted to Vidur {fit_gpu.upper()} kernel timings of "
+                f"{len(kern['per_model'][fit_gpu])} model/TP combinations; this model/TP "
+                f"{'is' if (model_name, tp) in kern['per_model'][fit_gpu] else 'is not'} among them"
             ),
-            "source_files": files[fit_gpu] + [f"vidur/network/{platform}/all_reduce.csv"] + common_sources,
-            "source_data": "shared/data/calibration (Vidur @ 7d47513, MIT; DistServe, Apache-2.0)",
+            "source_files": kern["files"][fit_gpu]
+            + [f"vidur/network/{fit_gpu}_dgx/all_reduce.csv", "vidur/attention_samples_a100_llama3_8b.csv"]
+            + default.provenance["source_files"]
+            + ["splitwise/perf_model_llama2-70b_tp2_tp4.csv (power)"],
+            "source_data": "shared/data/calibration (Vidur @ 7d47513, MIT; Splitwise @ 8f99e7d, MIT) and "
+            "vLLM's CI latency benchmark pages",
             "fit_date": today,
             "fit_error": fit_error,
             "attention": (
@@ -305,30 +301,42 @@ def main(argv: list[str] | None = None) -> int:
                 if gpu == "a100"
                 else "A100 attention fit scaled by this GPU's fitted bandwidth and compute (derived)"
             ),
-            "serving_overhead": (
-                "DistServe engine decode fit (OPT-13B, A100) minus our kernels: "
-                f"{overhead['overhead_s'] * 1e3:.2f} ms/iteration + "
-                f"{overhead['overhead_seq_s'] * 1e6:.1f} us/sequence; vLLM (2023) fit gives "
-                f"{overheads['vllm']['overhead_s'] * 1e3:.2f} ms + "
-                f"{overheads['vllm']['overhead_seq_s'] * 1e6:.1f} us/seq"
-            ),
+            "engine": {
+                "name": default.name,
+                "gpu_terms": engine_key,
+                "file": f"burstgym/latency/engines/{default.name}.json",
+            },
+            "power": {"gpu_energy": energies[gpu].source},
             "generated_by": "scripts/fit_profiles.py",
         }
         name = f"{gpu}-{model_name}-tp{tp}"
-        hwg = HARDWARE[gpu]
+        hw = HARDWARE[gpu]
         profile = build_profile(
-            name, gpus[gpu], model, tp, hwg["idle_w"], hwg["busy_w"], POWER_SOURCES, provenance
+            name,
+            gpus[gpu],
+            model,
+            tp,
+            hw["idle_w"],
+            hw["busy_w"],
+            POWER_SOURCES,
+            provenance,
+            engine=default,
+            energy=energies[gpu],
         )
         if not args.check:
             args.out.mkdir(parents=True, exist_ok=True)
             (args.out / f"{name}.json").write_text(json.dumps(profile.to_dict(), indent=2) + "\n")
         written.append(name)
+        c = 1024
         print(
-            f"{name}: decode bs1 {1e3 * float(profile.step_time(decode_seqs=1, kv_tokens=1024)):.2f} ms, "
-            f"bs64 {1e3 * float(profile.step_time(decode_seqs=64, kv_tokens=64 * 1024)):.2f} ms, "
+            f"{name}: decode bs1 {1e3 * float(profile.step_time(decode_seqs=1, kv_tokens=c)):.2f} ms "
+            f"({float(profile.iteration_power_w(decode_seqs=1, kv_tokens=c)):.0f} W), "
+            f"bs64 {1e3 * float(profile.step_time(decode_seqs=64, kv_tokens=64 * c)):.2f} ms "
+            f"({float(profile.iteration_power_w(decode_seqs=64, kv_tokens=64 * c)):.0f} W), "
+            f"prefill 2048 {float(profile.iteration_power_w(prefill_tokens=2048)):.0f} W, "
             f"KV capacity {profile.kv_capacity_tokens} tokens"
         )
-    print(("checked " if args.check else f"wrote {args.out}/: ") + ", ".join(written))
+    print(("checked " if args.check else f"wrote {args.engines_out}/ and {args.out}/: ") + ", ".join(written))
     return 0
 
 

@@ -1,4 +1,5 @@
-"""Calibration tool: fitting recovers known constants, bad input is refused, a real CPU run works."""
+"""Calibration tool: kernel fits recover known constants, a real CPU run works, fit-serving recovers a
+known engine from its step times, and bad input is refused with the file, line and column named."""
 
 from __future__ import annotations
 
@@ -111,3 +112,122 @@ def test_fit_profiles_skips_without_data(tmp_path: Path) -> None:
         env={"PYTHONPATH": str(REPO), "PATH": ""},
     )
     assert run.returncode == 0 and "not found" in run.stdout
+
+
+# --- fit-serving: an engine calibration from end-to-end measurements ---------------------------
+
+TRUE_TERMS = dict(overhead_s=4e-3, overhead_seq_s=1e-4, allreduce_step_s=5e-6, allreduce_bw_factor=2.0)
+
+
+def _synthetic_csv(path: Path, base: str, terms: dict, tps=(2, 4, 8)) -> list[tuple]:
+    """Measurements generated from ``base`` composed with known engine terms (layer_s as in base)."""
+    from burstgym.latency import EngineTerms, compose_latency_model, step_time
+
+    p = load_profile(base)
+    engine = EngineTerms(**{**p.engine_terms.__dict__, **terms})
+    rows = []
+    for tp in tps:
+        lat = compose_latency_model(p.gpu, p.model, tp, engine)
+        for b in (1, 4, 16, 64):
+            for c in (256, 2048):
+                rows.append(("decode", b, "", c, 1e3 * float(step_time(lat, 0, b, b * c)), tp))
+        for b, length in ((1, 512), (1, 2048), (4, 512), (2, 4096)):
+            pairs = b * length * (length + 1) / 2
+            rows.append(("prefill", b, length, "", 1e3 * float(step_time(lat, b * length, 0, 0, pairs)), tp))
+    lines = ["# synthetic", "phase,batch_size,prompt_tokens,context_tokens,time_ms,tp"]
+    lines += [",".join(str(x) for x in r) for r in rows]
+    path.write_text("\n".join(lines) + "\n")
+    return rows
+
+
+def test_fit_serving_round_trip_recovers_terms_and_step_times(tmp_path: Path) -> None:
+    """Measurements made from a known profile + engine are fitted back: every measured step time
+    within 2%, and each engine term within 2% of the truth."""
+    from burstgym.latency import compose_latency_model, step_time
+
+    base = "h100-llama-2-70b-tp8"
+    csv_path = tmp_path / "my-engine.csv"
+    rows = _synthetic_csv(csv_path, base, TRUE_TERMS)
+    out = tmp_path / "fitted.json"
+    cal.main(["fit-serving", str(csv_path), "--profile", base, "--engine-name", "mine", "--out", str(out)])
+    fitted = load_profile(out)
+    assert fitted.engine == "mine" and fitted.provenance["engine"]["source_file"] == str(csv_path)
+    assert set(fitted.provenance["engine"]["fitted_terms"]) == set(TRUE_TERMS)
+    for key, value in TRUE_TERMS.items():
+        assert getattr(fitted.engine_terms, key) == pytest.approx(value, rel=0.02), key
+    for phase, b, length, ctx, ms, tp in rows:
+        lat = compose_latency_model(fitted.gpu, fitted.model, tp, fitted.engine_terms)
+        if phase == "decode":
+            got = float(step_time(lat, 0, b, b * ctx))
+        else:
+            got = float(step_time(lat, b * length, 0, 0, b * length * (length + 1) / 2))
+        assert got * 1e3 == pytest.approx(ms, rel=0.02)
+    # The profile itself is composed at its own TP with the fitted engine.
+    np.testing.assert_allclose(
+        fitted.latency, compose_latency_model(fitted.gpu, fitted.model, 8, fitted.engine_terms), rtol=1e-9
+    )
+
+
+def test_fit_serving_fits_only_what_one_tp_degree_determines(tmp_path: Path) -> None:
+    base = "h100-llama-3-8b-tp1"
+    csv_path = tmp_path / "tp1.csv"
+    _synthetic_csv(csv_path, base, {"overhead_s": 2e-3, "overhead_seq_s": 5e-5}, tps=(1,))
+    from burstgym.latency.serving import fit_serving
+
+    profile, report = fit_serving(csv_path, base)
+    assert report["fitted_terms"] == ["overhead_s", "overhead_seq_s"]
+    assert profile.engine_terms.overhead_s == pytest.approx(2e-3, rel=0.02)
+    assert profile.engine_terms.allreduce_step_s == load_profile(base).engine_terms.allreduce_step_s
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ("phase,batch_size,prompt_tokens\nprefill,1,512\n", r"bad.csv: line 1: missing column 'time_ms'"),
+        (
+            "phase,batch_size,prompt_tokens,time_ms\nprefill,1,512,10\n\nprefill,2,512,abc\n",
+            r"bad.csv: line 4: column 'time_ms': not a number: 'abc'",
+        ),
+        (
+            "phase,batch_size,context_tokens,time_ms\npre,1,512,10\n",
+            r"bad.csv: line 2: column 'phase': expected 'prefill' or 'decode', got 'pre'",
+        ),
+        (
+            "phase,batch_size,context_tokens,time_ms\nprefill,1,512,10\n",
+            r"bad.csv: line 2: column 'prompt_tokens': required for a prefill row",
+        ),
+        (
+            "phase,batch_size,context_tokens,time_ms\ndecode,2.5,512,10\n",
+            r"bad.csv: line 2: column 'batch_size': must be a positive integer, got '2.5'",
+        ),
+        ("phase,batch_size,context_tokens,time_ms\ndecode,2,512\n", r"bad.csv: line 2: expected 4 columns"),
+        ("phase,batch_size,context_tokens,time_ms\n", r"bad.csv: no measurement rows"),
+        (
+            "phase,batch_size,context_tokens,time_ms,tp\ndecode,2,512,10,3\n",
+            r"bad.csv: column 'tp': .*no all-reduce fit for TP=3",
+        ),
+    ],
+)
+def test_fit_serving_bad_csv_names_file_line_and_column(tmp_path: Path, body: str, message: str) -> None:
+    from burstgym.latency.serving import fit_serving
+
+    bad = tmp_path / "bad.csv"
+    bad.write_text(body)
+    with pytest.raises(ValueError, match=message):
+        fit_serving(bad, "h100-llama-2-70b-tp8")
+
+
+def test_fit_serving_cli_reports_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "my.csv"
+    bad.write_text("phase,batch_size,context_tokens,time_ms\ndecode,1,100,1\ndecode,2,100,x\n")
+    with pytest.raises(SystemExit):
+        cal.main(["fit-serving", str(bad), "--out", str(tmp_path / "o.json")])
+    assert "my.csv: line 3: column 'time_ms': not a number: 'x'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cal.main(["fit-serving", str(bad), "--fit", "overhead_ms", "--out", str(tmp_path / "o.json")])
+
+
+def test_kernels_subcommand_is_the_legacy_command(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        cal.main(["kernels", "--model", "gpt-9", "--device", "cpu"])
+    assert "llama-3-8b" in capsys.readouterr().err

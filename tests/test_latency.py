@@ -1,4 +1,4 @@
-"""Latency model: step-time physics, shipped profiles, loading errors, and the fit to the data."""
+"""Latency model: step-time physics, shipped profiles, loading errors, the CLI, and the kernel fit."""
 
 from __future__ import annotations
 
@@ -39,6 +39,12 @@ def shared_calibration() -> Path:
     return base / "calibration"
 
 
+needs_e2e = pytest.mark.skipif(
+    not (shared_calibration() / "splitwise").is_dir(),
+    reason="end-to-end calibration data absent (../shared/data/calibration or $BURSTGYM_SHARED_DATA)",
+)
+
+
 needs_data = pytest.mark.skipif(
     not (shared_calibration() / "vidur").is_dir(),
     reason="calibration data absent (../shared/data/calibration or $BURSTGYM_SHARED_DATA)",
@@ -53,10 +59,14 @@ def test_required_profiles_ship_and_load() -> None:
         assert isinstance(p.latency, LatencyModel)
         assert p.kv_capacity_tokens > 10_000
         assert p.busy_power_w > p.idle_power_w > 0
-        for key in ("kind", "source_files", "fit_date", "fit_error"):
+        for key in ("kind", "source_files", "fit_date", "fit_error", "engine", "power"):
             assert key in p.provenance
-        # The stored coefficients are the composition of the stored GPU constants and architecture.
-        np.testing.assert_allclose(p.latency, compose_latency_model(p.gpu, p.model, p.tp), rtol=1e-9)
+        # The stored coefficients are the composition of the stored GPU constants, architecture and
+        # engine terms; the GPU constants carry no serving overhead of their own.
+        assert p.gpu.overhead_s == 0 and p.gpu.overhead_seq_s == 0
+        np.testing.assert_allclose(
+            p.latency, compose_latency_model(p.gpu, p.model, p.tp, p.engine_terms), rtol=1e-9
+        )
 
 
 def test_kv_bytes_and_power_per_node() -> None:
@@ -190,24 +200,52 @@ def test_model_configs_and_hf_config(tmp_path: Path) -> None:
 def test_cli_show(capsys: pytest.CaptureFixture[str]) -> None:
     latency.main(["show", "h100-llama-3-8b-tp1", "--batches", "1", "64", "--contexts", "1024"])
     out = capsys.readouterr().out
-    assert "KV capacity" in out and "decode step time" in out
+    assert "KV capacity" in out and "decode step time" in out and "engine vllm-ci" in out
+    assert "node power" in out
+    latency.main(["show", "h100-llama-2-70b-tp8", "--engine", "splitwise-2023", "--batches", "1"])
+    assert "engine splitwise-2023" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        latency.main(["show", "h100-llama-3-8b-tp1", "--engine", "nope"])
+    assert "unknown engine" in capsys.readouterr().err
+
+
+def test_cli_list_and_engines(capsys: pytest.CaptureFixture[str]) -> None:
+    latency.main(["list"])
+    assert "h100-llama-3-8b-tp1" in capsys.readouterr().out.split()
+    latency.main(["engines"])
+    out = capsys.readouterr().out
+    assert "vllm-ci (default)" in out and "splitwise-2023" in out and "kernels" in out
+
+
+def test_python_dash_m_entry_points_run() -> None:
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[1]
+    for args in (["-m", "burstgym.latency", "list"], ["-m", "burstgym.calibrate", "--help"]):
+        run = subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=repo, check=False)
+        assert run.returncode == 0, run.stderr
+
+
+@needs_e2e
+def test_cli_validate_prints_the_heldout_table(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        latency.main(["validate"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert "| A100 | TP2 | TP4 |" in out and "vllm-ci" in out and "A100 energy" in out
 
 
 @needs_data
 def test_fit_quality_on_held_out_points() -> None:
     """The issue's acceptance: linear layers within 5% MAPE per GPU, attention within 15%."""
-    import importlib.util
-
-    path = Path(__file__).resolve().parents[1] / "scripts" / "fit_profiles.py"
-    spec = importlib.util.spec_from_file_location("fit_profiles", path)
-    fit_profiles = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(fit_profiles)
-    from burstgym.calibrate import concat_samples, fit_attention_heldout, fit_linear_heldout
+    from burstgym.latency.fit import concat_samples, fit_attention_heldout, fit_linear_heldout
+    from burstgym.latency.sources import read_vidur_attention, read_vidur_linear
 
     root = shared_calibration()
     for gpu in ("a100", "h100"):
-        samples, _ = fit_profiles.read_linear(root, gpu)
+        samples, _ = read_vidur_linear(root, gpu)
         _, report = fit_linear_heldout(concat_samples(list(samples.values())))
         assert report["heldout_mape"] < 0.05, (gpu, report)
-    _, report = fit_attention_heldout(fit_profiles.read_attention(root))
+    _, report = fit_attention_heldout(read_vidur_attention(root))
     assert report["heldout_mape"] < 0.15, report

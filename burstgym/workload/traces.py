@@ -6,7 +6,7 @@ Formats (see docs/workloads.md):
 - ``burstgpt``: BurstGPT CSV with Timestamp (seconds), Model, Request tokens, Response tokens,
   Total tokens, Log Type. Rows with 0 response tokens are failed requests and are dropped.
 - ``mooncake``: Mooncake (FAST'25) JSON lines with timestamp (ms), input_length, output_length,
-  hash_ids.
+  hash_ids (ids of the prompt's 512-token blocks: equal leading ids mean a shared prefix).
 
 Every loader returns a `Trace` sorted by arrival time (stable, so file order breaks ties) with
 times in seconds from the first request. Token counts must be whole numbers; a prompt must be
@@ -31,21 +31,33 @@ BURSTGPT_COLUMNS = ("Timestamp", "Request tokens", "Response tokens")
 MOONCAKE_FIELDS = ("timestamp", "input_length", "output_length")
 
 
+MOONCAKE_BLOCK_TOKENS = 512  # tokens per hash_ids block in the Mooncake traces
+MAX_PREFIX_BLOCKS = 512  # default bound on hash_ids per request (a longer list is refused)
+
+
 class Trace(NamedTuple):
-    """A request trace in arrival order."""
+    """A request trace in arrival order, with the prompts' prefix-block ids when the format has them."""
 
     arrival: np.ndarray  # [N] float64 seconds from the first request (arrival[0] == 0), non-decreasing
     prompt: np.ndarray  # [N] int32 >= 1, prompt tokens
     output: np.ndarray  # [N] int32 >= 1, output tokens
+    hash_ids: np.ndarray | None = None  # [N, B] int32 block ids, dense from 0, -1 past a prompt's blocks
+    block_tokens: int = 0  # tokens per block of `hash_ids` (the last block of a prompt may be shorter)
 
 
-def load_trace(path: str | Path, fmt: Format | None = None) -> Trace:
-    """Load a trace, telling its format from the extension and header unless `fmt` is given."""
+def load_trace(path: str | Path, fmt: Format | None = None, max_blocks: int = MAX_PREFIX_BLOCKS) -> Trace:
+    """Load a trace, telling its format from the extension and header unless `fmt` is given.
+
+    `max_blocks` bounds the prefix-block ids of one request (Mooncake): a request with more is
+    refused with its file, line and the bound, never cut.
+    """
     path = Path(path)
     fmt = fmt or detect_format(path)
-    loaders = {"azure": load_azure, "burstgpt": load_burstgpt, "mooncake": load_mooncake}
+    if fmt == "mooncake":
+        return load_mooncake(path, max_blocks)
+    loaders = {"azure": load_azure, "burstgpt": load_burstgpt}
     if fmt not in loaders:
-        raise ValueError(f"unknown trace format {fmt!r}; expected one of {sorted(loaders)}")
+        raise ValueError(f"unknown trace format {fmt!r}; expected one of azure, burstgpt, mooncake")
     return loaders[fmt](path)
 
 
@@ -90,10 +102,18 @@ def load_burstgpt(path: str | Path) -> Trace:
     return _trace(seconds[ok], prompt[ok], output[ok])
 
 
-def load_mooncake(path: str | Path) -> Trace:
-    """Mooncake JSON-lines trace (timestamps in milliseconds)."""
+def load_mooncake(path: str | Path, max_blocks: int = MAX_PREFIX_BLOCKS) -> Trace:
+    """Mooncake JSON-lines trace (timestamps in milliseconds) with its prompts' block ids.
+
+    `hash_ids` must be a list of integers, one per 512-token block of the prompt
+    (``len == ceil(input_length / 512)``), at most `max_blocks` of them. Ids are renumbered densely
+    in order of first appearance. Equal ids must name blocks of equal length (a block's id names
+    its content), which is checked.
+    """
     path = Path(path)
     rows: list[tuple[float, int, int]] = []
+    blocks: list[list[int]] = []
+    lines: list[int] = []
     with path.open(encoding="utf-8") as f:
         for line_no, line in enumerate(f, start=1):
             if not line.strip():
@@ -104,17 +124,69 @@ def load_mooncake(path: str | Path) -> Trace:
                 raise ValueError(f"{path}: line {line_no}: not valid JSON ({e.msg})") from None
             if not isinstance(record, dict):
                 raise ValueError(f"{path}: line {line_no}: expected a JSON object")
+            prompt = int(_json_number(path, line_no, record, "input_length", whole=True, low=1))
             rows.append(
                 (
                     _json_number(path, line_no, record, "timestamp", whole=False, low=None),
-                    int(_json_number(path, line_no, record, "input_length", whole=True, low=1)),
+                    prompt,
                     int(_json_number(path, line_no, record, "output_length", whole=True, low=0)),
                 )
             )
+            blocks.append(_hash_ids(path, line_no, record, prompt, max_blocks))
+            lines.append(line_no)
     if not rows:
         raise ValueError(f"{path}: empty file (no requests)")
     ms, prompt, output = (np.array(column) for column in zip(*rows, strict=True))
-    return _trace(ms / 1000.0, prompt, np.maximum(output, 1))
+    ids = _dense_ids(path, blocks, prompt, lines)
+    return _trace(ms / 1000.0, prompt, np.maximum(output, 1), ids, MOONCAKE_BLOCK_TOKENS)
+
+
+def _hash_ids(path: Path, line_no: int, record: dict, prompt: int, max_blocks: int) -> list[int]:
+    where = f"{path}: line {line_no}: field 'hash_ids'"
+    if "hash_ids" not in record:
+        raise ValueError(f"{where}: missing (the prompt's block ids are needed for prefix caching)")
+    ids = record["hash_ids"]
+    if not isinstance(ids, list) or any(isinstance(i, bool) or not isinstance(i, int) for i in ids):
+        raise ValueError(f"{where}: expected a list of integers, got {str(ids)[:60]!r}")
+    expected = -(-prompt // MOONCAKE_BLOCK_TOKENS)
+    if len(ids) != expected:
+        raise ValueError(
+            f"{where}: {len(ids)} ids for input_length {prompt}, expected ceil({prompt} / "
+            f"{MOONCAKE_BLOCK_TOKENS}) = {expected}"
+        )
+    if len(ids) > max_blocks:
+        raise ValueError(
+            f"{where}: {len(ids)} blocks exceed the bound of {max_blocks} blocks per request "
+            "(raise max_prefix_blocks to replay it)"
+        )
+    return ids
+
+
+def _dense_ids(path: Path, blocks: list[list[int]], prompt: np.ndarray, lines: list[int]) -> np.ndarray:
+    """[N, B] dense block ids (-1 padded), checking that an id always names a block of one length."""
+    width = max(len(b) for b in blocks)
+    raw = np.full((len(blocks), width), -1, dtype=np.int64)
+    for i, b in enumerate(blocks):
+        raw[i, : len(b)] = b
+    valid = raw >= 0
+    j = np.arange(width)[None, :]
+    length = np.clip(prompt[:, None] - j * MOONCAKE_BLOCK_TOKENS, 0, MOONCAKE_BLOCK_TOKENS)
+    uniq, first, dense = np.unique(raw[valid], return_index=True, return_inverse=True)
+    order = np.argsort(first, kind="stable")  # number ids in order of first appearance
+    rank = np.empty_like(order)
+    rank[order] = np.arange(order.size)
+    lengths = length[valid]
+    ref = lengths[first]
+    bad = np.flatnonzero(lengths != ref[dense])
+    if bad.size:
+        row = int(np.nonzero(valid)[0][bad[0]])
+        raise ValueError(
+            f"{path}: line {lines[row]}: field 'hash_ids': block id {uniq[dense[bad[0]]]} names blocks of "
+            f"{ref[dense[bad[0]]]} and {lengths[bad[0]]} tokens (an id must name one block content)"
+        )
+    out = np.full(raw.shape, -1, dtype=np.int32)
+    out[valid] = rank[dense]
+    return out
 
 
 def summary(trace: Trace) -> dict[str, float]:
@@ -188,7 +260,13 @@ def _json_number(path: Path, line_no: int, record: dict, name: str, whole: bool,
     return float(value)
 
 
-def _trace(seconds: np.ndarray, prompt: np.ndarray, output: np.ndarray) -> Trace:
+def _trace(
+    seconds: np.ndarray,
+    prompt: np.ndarray,
+    output: np.ndarray,
+    hash_ids: np.ndarray | None = None,
+    block_tokens: int = 0,
+) -> Trace:
     """Sort by time (stably), start the clock at the first request, fix dtypes."""
     order = np.argsort(seconds, kind="stable")
     seconds = seconds[order]
@@ -196,4 +274,6 @@ def _trace(seconds: np.ndarray, prompt: np.ndarray, output: np.ndarray) -> Trace
         (seconds - seconds[0]).astype(np.float64),
         prompt[order].astype(np.int32),
         output[order].astype(np.int32),
+        None if hash_ids is None else hash_ids[order],
+        block_tokens,
     )

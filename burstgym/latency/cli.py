@@ -1,0 +1,105 @@
+"""``python -m burstgym.latency show|list|engines|validate``: inspect profiles, engines and fits."""
+
+from __future__ import annotations
+
+import argparse
+
+from burstgym.latency.engines import DEFAULT_ENGINE, list_engines, load_engine
+from burstgym.latency.profiles import list_profiles, load_profile, show
+
+
+def _validate(data: str | None) -> int:
+    """Print the held-out tables of the shipped calibrations (needs the calibration data)."""
+    from burstgym.latency import validate
+    from burstgym.latency.sources import data_dir
+
+    root = data_dir(data)
+    if not (root / "splitwise").is_dir():
+        print(f"calibration data not found at {root} (set BURSTGYM_SHARED_DATA or --data); nothing validated")
+        return 0
+    gpus = validate.shipped_gpus()
+    engines = validate.fit_engines(root, gpus)
+    sw = engines["splitwise-2023"].provenance["report"]
+    print("splitwise-2023: fit on one TP degree, predict the other (Llama-2-70B, Splitwise end-to-end)")
+    print(validate.heldout_table(sw))
+    for gpu, tps in sw["insample"].items():
+        print(
+            f"  {gpu} fitted on TP2+TP4: "
+            + ", ".join(
+                f"TP{tp} decode {100 * r['decode_mape']:.1f}% prefill {100 * r['prefill_mape']:.1f}%"
+                for tp, r in tps.items()
+            )
+        )
+    print("vllm-ci: fit on two GPUs, predict the third (vLLM CI latency tests)")
+    for r in engines["vllm-ci"].provenance["report"]["leave_one_gpu_out"]:
+        print(
+            f"  {r['heldout_gpu']} {r['test']}: measured {r['measured_ms']:.0f} ms, "
+            f"predicted {r['predicted_ms']:.0f} ms ({100 * r['error']:+.1f}%)"
+        )
+    for r in engines["vllm-ci"].provenance["report"]["itl_check"]:
+        print(
+            f"  {r['gpu']} {r['test']}: mean ITL {r['mean_itl_ms']:.1f} ms; predicted decode step "
+            f"{r['predicted_ms_batch1_ctx600']:.1f} ms (batch 1) .. {r['predicted_ms_batch4_ctx600']:.1f} ms "
+            "(batch 4), 600 context tokens"
+        )
+    sens = validate.splitwise_prior_sensitivity(root, gpus)
+    print(
+        f"  with the per-iteration prior fitted on relative error ({sens['prior_overhead_ms']:.2f} ms): "
+        + ", ".join(
+            f"{r['gpu']} TP{r['fit_tp']}->TP{r['heldout_tp']} decode {100 * r['decode_mape']:.1f}% "
+            f"prefill {100 * r['prefill_mape']:.1f}%"
+            for r in sens["heldout"]
+        )
+    )
+    ds = engines["distserve-vllm"].provenance["report"]["fit"]
+    print(f"distserve-vllm: decode fit MAPE {100 * ds['decode_mape']:.2f}% ({ds['decode_points']} points)")
+    print("  residual of DistServe's vLLM decode fits over the A100 kernel model, by model and TP:")
+    for r in validate.distserve_residuals(root, gpus["a100"]):
+        print(
+            f"    {r['model']} TP{r['tp']}: {r['overhead_ms']:.2f} ms/iteration + "
+            f"{r['per_seq_us']:.1f} us/sequence"
+        )
+    energy, report = validate.fit_splitwise_energy(root, gpus["a100"])
+    print(
+        f"A100 energy: static {energy.static_w:.0f} W, {energy.joule_per_byte * 1e12:.0f} pJ/B, "
+        f"{energy.joule_per_flop * 1e12:.2f} pJ/FLOP; average power MAPE {100 * report['power_mape']:.1f}% "
+        f"(leave one run out {100 * report['power_mape_leave_one_out']:.1f}%, {report['runs']} runs)"
+    )
+    return 0
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m burstgym.latency show|list|engines|validate``: inspect the shipped profiles."""
+    parser = argparse.ArgumentParser(prog="python -m burstgym.latency", description=main.__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    show_p = sub.add_parser("show", help="table of step times over batch x context")
+    show_p.add_argument("profile", help="profile name or path to a profile JSON")
+    show_p.add_argument("--engine", default=None, help="recompose with this engine calibration")
+    show_p.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 64, 128, 256])
+    show_p.add_argument("--contexts", type=int, nargs="+", default=[128, 512, 1024, 2048, 4096, 8192])
+    sub.add_parser("list", help="names of the shipped profiles")
+    sub.add_parser("engines", help="names and descriptions of the engine calibrations")
+    val_p = sub.add_parser("validate", help="refit the engine calibrations and print their held-out errors")
+    val_p.add_argument(
+        "--data", default=None, help="calibration folder (default: ../shared/data/calibration)"
+    )
+    args = parser.parse_args(argv)
+    if args.command == "list":
+        print("\n".join(list_profiles()))
+        return
+    if args.command == "engines":
+        for name in list_engines():
+            mark = " (default)" if name == DEFAULT_ENGINE else ""
+            print(f"{name}{mark}: {load_engine(name).description}")
+        return
+    if args.command == "validate":
+        raise SystemExit(_validate(args.data))
+    try:
+        profile = load_profile(args.profile, engine=args.engine)
+    except ValueError as err:
+        parser.error(str(err))
+    print(show(profile, args.batches, args.contexts))
+
+
+if __name__ == "__main__":
+    main()
