@@ -73,7 +73,8 @@ class PolicyRouter:
     def reset(self, n_envs: int) -> None:
         """Nothing to reset: the policy is a function of the observation."""
 
-    def __call__(self, obs: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
+    def __call__(self, obs: np.ndarray, mask: np.ndarray | None = None, view: Any = None) -> np.ndarray:
+        """Actions for a batch of observations (`view`, the heuristics' input, is not used)."""
         kwargs = {"action_masks": mask} if self.masked and mask is not None else {}
         actions, _ = self.model.predict(np.asarray(obs, dtype=np.float32), deterministic=True, **kwargs)
         return np.asarray(actions, dtype=np.int64)
@@ -90,7 +91,7 @@ def behaviour_clone(
     teacher.reset(env.num_envs)
     xs, ys = [], []
     for _ in range(max(steps // env.num_envs, 1)):
-        actions = teacher(obs, env.action_masks())
+        actions = teacher(obs, env.action_masks(), env.router_views())
         xs.append(obs)
         ys.append(actions)
         obs, _, _, _ = env.step(actions)

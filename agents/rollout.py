@@ -22,6 +22,8 @@ from scipy import stats
 
 from burstgym import scenarios
 from burstgym.env import BurstBalance
+from burstgym.gym_env import check_error
+from burstgym.observation import RouterView
 from burstgym.types import EnvConfig
 
 _SHARED: dict[EnvConfig, Any] = {}
@@ -32,7 +34,7 @@ class RouterLike(Protocol):
 
     def reset(self, n_envs: int) -> None: ...
 
-    def __call__(self, obs: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray: ...
+    def __call__(self, obs: np.ndarray, mask: np.ndarray | None, view: RouterView) -> np.ndarray: ...
 
 
 @dataclass
@@ -41,7 +43,8 @@ class Episodes:
 
     cost: np.ndarray  # [S] objective (minus the summed rewards times reward_scale; lower is better)
     metrics: dict[str, np.ndarray]  # [S] per metric, [S, N] for load_share
-    e2e: np.ndarray  # [S, E] end-to-end latency per request, NaN when dropped
+    ttft: np.ndarray  # [S, E] time to first token per request, NaN when dropped or unfinished
+    e2e: np.ndarray  # [S, E] end-to-end latency per request, NaN when dropped or unfinished
 
 
 def _shared_fns(cfg: EnvConfig):
@@ -50,8 +53,9 @@ def _shared_fns(cfg: EnvConfig):
     if key not in _SHARED:
         core = BurstBalance(cfg)
         _SHARED[key] = (
-            jax.jit(jax.vmap(core.step_env, in_axes=(0, 0, None))),
+            jax.jit(core.batched_step_env),
             jax.jit(jax.vmap(core.metrics, in_axes=(0, None))),
+            jax.jit(jax.vmap(core.view, in_axes=(0, None))),
         )
     return _SHARED[key]
 
@@ -65,7 +69,7 @@ class Rollout:
         self.cfg, self.params = scenarios.make(scenario, **settings)
         self.core = BurstBalance(self.cfg)
         self._reset = jax.jit(jax.vmap(self.core.reset, in_axes=(0, None)))
-        self._step, self._metrics = _shared_fns(self.cfg)
+        self._step, self._metrics, self._view = _shared_fns(self.cfg)
 
     def run(self, routers: Sequence[RouterLike], seeds: Sequence[int], progress=None) -> dict[str, Episodes]:
         """Each router's episodes on `seeds`; `progress(k)` is called after each step if given."""
@@ -73,32 +77,39 @@ class Rollout:
         tiled = np.tile(np.asarray(seeds), len(routers))
         keys = jax.vmap(jax.random.key)(jnp.asarray(tiled, dtype=jnp.uint32))
         obs, state = self._reset(keys, self.params)
-        obs = np.asarray(obs)
-        mask = np.ones((obs.shape[0], self.cfg.n_nodes), dtype=bool)
+        view = self._view(state, self.params)
+        obs, view = jax.device_get((obs, view))
+        mask = np.asarray(view.accepts) | ~np.asarray(view.accepts).any(axis=1, keepdims=True)
         for r in routers:
             r.reset(n_seeds)
         total = np.zeros(obs.shape[0])
+
+        def part(tree, i):
+            return jax.tree.map(lambda x: x[i * n_seeds : (i + 1) * n_seeds], tree)
+
         for k in range(self.cfg.episode_length):
             actions = np.concatenate(
-                [
-                    r(obs[i * n_seeds : (i + 1) * n_seeds], mask[i * n_seeds : (i + 1) * n_seeds])
-                    for i, r in enumerate(routers)
-                ]
+                [r(part(obs, i), part(mask, i), part(view, i)) for i, r in enumerate(routers)]
             )
             actions = jnp.asarray(actions, dtype=jnp.int32)
             obs, state, reward, _, info = self._step(state, actions, self.params)
-            obs, mask = np.asarray(obs), np.asarray(info["action_mask"])
+            view = self._view(state, self.params)
+            obs, mask, reward, error, view = jax.device_get(
+                (obs, info["action_mask"], reward, info["error"], view)
+            )
+            check_error(error, f" at request {k}")
             total += np.asarray(reward, dtype=np.float64)
             if progress is not None:
                 progress(k)
         metrics = {k: np.asarray(v, dtype=np.float64) for k, v in self._metrics(state, self.params).items()}
-        log, req = state.log, state.requests
-        e2e = np.where(np.asarray(log.dropped), np.nan, np.asarray(log.finish) - np.asarray(req.arrival))
+        log = jax.device_get(state.log)
+        ttft = np.where(log.dropped, np.nan, log.ttft).astype(np.float64)
+        e2e = np.where(log.dropped, np.nan, log.e2e).astype(np.float64)
         cost = -total * float(self.params.reward_scale)
         out = {}
         for i, r in enumerate(routers):
             sl = slice(i * n_seeds, (i + 1) * n_seeds)
-            out[r.name] = Episodes(cost[sl], {k: v[sl] for k, v in metrics.items()}, e2e[sl])
+            out[r.name] = Episodes(cost[sl], {k: v[sl] for k, v in metrics.items()}, ttft[sl], e2e[sl])
         return out
 
 

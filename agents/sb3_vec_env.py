@@ -5,9 +5,11 @@ dicts SB3 requires. Finished episodes carry `terminal_observation`, Monitor-styl
 statistics ({"r": return, "l": length, "t": seconds since creation}) and the serving `metrics`
 of `burstgym.metrics` (scalars; `load_share` as a list).
 
-An episode ends once every request was served or dropped, so its rewards already sum to minus
-the whole objective: nothing is left to bootstrap, and the end is reported as a termination
-(`TimeLimit.truncated` False) even though the Gymnasium face calls it a truncation.
+With `end="drain"` (default) an episode ends once every request was served or dropped, so its
+rewards already sum to minus the whole objective: nothing is left to bootstrap, and the end is a
+termination (`TimeLimit.truncated` False). With `end="cut"` requests are still in flight at the
+end, the end is a truncation (`TimeLimit.truncated` True) and SB3 bootstraps from
+`terminal_observation`, as Gymnasium's face reports.
 """
 
 from __future__ import annotations
@@ -64,7 +66,8 @@ class JaxVecEnv(VecEnv):
         self._actions = np.asarray(actions).reshape(self.num_envs).astype(np.int64)
 
     def step_wait(self) -> VecEnvStepReturn:
-        obs, reward, _, done, info = self.venv.step(self._actions)
+        obs, reward, terminated, truncated, info = self.venv.step(self._actions)
+        done = terminated | truncated
         self._mask = info["action_mask"]
         self._returns += reward
         self._lengths += 1
@@ -75,7 +78,7 @@ class JaxVecEnv(VecEnv):
             for i in np.flatnonzero(done):
                 infos[i] = {
                     "terminal_observation": info["final_obs"][i],
-                    "TimeLimit.truncated": False,
+                    "TimeLimit.truncated": bool(truncated[i]),
                     "episode": {"r": float(self._returns[i]), "l": int(self._lengths[i]), "t": elapsed},
                     "metrics": {k: v[i].tolist() if v.ndim > 1 else float(v[i]) for k, v in metrics.items()},
                 }
@@ -86,6 +89,10 @@ class JaxVecEnv(VecEnv):
     def action_masks(self) -> np.ndarray:
         """[num_envs, n_nodes] bool: nodes that would accept each cluster's next request."""
         return self._mask.copy()
+
+    def router_views(self):
+        """What each cluster's router sees of its next request (`RouterView`, NumPy, batch first)."""
+        return self.venv.router_views()
 
     def close(self) -> None:
         self.venv.close()

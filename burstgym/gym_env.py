@@ -1,8 +1,15 @@
 """The Gymnasium face of BurstBalance: one cluster (`BurstBalanceEnv`) and many in one jitted call
 (`BurstBalanceVectorEnv`, the `vector_entry_point` of `BurstBalance-v0`).
 
-Both hand out NumPy arrays. Jitted functions are cached per static configuration, so creating
-many environments of one scenario compiles once.
+Both hand out NumPy arrays, fetched from the device in one transfer per step. Jitted functions
+are cached per static configuration, so creating many environments of one scenario compiles once.
+
+Episode ends follow `Settings.end`: with "drain" (default) the last routing step serves every
+accepted request, so the episode *terminates* (the MDP has reached its end); with "cut" the
+episode stops with requests still in flight and is *truncated* (a time limit, bootstrap from the
+last observation). Stepping a finished episode without a reset raises, as does any error bit the
+core raises (a slot table overflowed, an event loop ran away, the cache's stamps overflowed):
+nothing is dropped or capped silently.
 """
 
 from __future__ import annotations
@@ -19,22 +26,54 @@ from gymnasium.vector.utils import batch_space
 from burstgym import scenarios
 from burstgym.env import BurstBalance
 from burstgym.metrics import to_python
-from burstgym.observation import OBS_HIGH, obs_size
-from burstgym.types import EnvConfig, EnvParams
+from burstgym.observation import OBS_HIGH, RouterView, obs_size
+from burstgym.types import (
+    ERROR_RUNAWAY,
+    ERROR_SLOT_OVERFLOW,
+    ERROR_STAMP_OVERFLOW,
+    RUNNING,
+    WAITING,
+    EnvConfig,
+    EnvParams,
+)
+
+_ERRORS = {
+    ERROR_SLOT_OVERFLOW: "a node's slot table overflowed: raise `slots` (requests a node can hold)",
+    ERROR_RUNAWAY: "an event loop exceeded its bound between two arrivals (a node that never finishes)",
+    ERROR_STAMP_OVERFLOW: "the prefix cache's release counter overflowed: shorten `episode_length`",
+}
+_PHASES = ("idle", "busy", "asleep", "waking")
 
 
 @functools.lru_cache(maxsize=32)
 def compiled(cfg: EnvConfig) -> tuple[BurstBalance, dict[str, Any]]:
     """The functional env of `cfg` and its jitted entry points (compiled on first call)."""
     core = BurstBalance(cfg)
+    batched_view = jax.vmap(core.view, in_axes=(0, None))
     fns = {
-        "reset": jax.jit(core.reset),
+        "reset": jax.jit(lambda key, params: _reset_with_mask(core, key, params)),
         "step_env": jax.jit(core.step_env),
         "metrics": jax.jit(core.metrics),
+        "view": jax.jit(core.view),
         "batched_reset": jax.jit(core.batched_reset),
+        "batched_mask": jax.jit(jax.vmap(core.action_mask, in_axes=(0, None))),
         "batched_step": jax.jit(core.batched_step, donate_argnums=(0,)),
+        "batched_view": jax.jit(batched_view),
     }
     return core, fns
+
+
+def _reset_with_mask(core: BurstBalance, key: jax.Array, params: EnvParams):
+    obs, state = core.reset(key, params)
+    return obs, state, core.action_mask(state, params)
+
+
+def check_error(error: Any, where: str = "") -> None:
+    """Raise the core's error bits (`State.error`, one or a batch) as a RuntimeError naming each."""
+    bits = int(np.bitwise_or.reduce(np.asarray(error, dtype=np.int64).ravel()))
+    if bits:
+        reasons = "; ".join(msg for bit, msg in _ERRORS.items() if bits & bit)
+        raise RuntimeError(f"simulation error{where}: {reasons}")
 
 
 def _spaces(cfg: EnvConfig) -> tuple[gym.spaces.Box, gym.spaces.Discrete]:
@@ -53,64 +92,116 @@ class BurstBalanceEnv(gym.Env):
     """Route each arriving LLM request to one of N batching inference nodes.
 
     :param scenario: a name from `burstgym.scenarios.SCENARIOS` (default "bursty").
-    :param render_mode: None or "ansi" (a text table of the nodes).
+    :param render_mode: None, "ansi" (a text table of the nodes) or "rgb_array" (a bar chart).
     :param settings: overrides of `burstgym.scenarios.Settings` (n_nodes, load, profile, trace, ...).
 
     Observation, action and reward are documented in `burstgym.observation`, `burstgym.env` and
     `burstgym.reward`. `info["action_mask"]` marks the nodes that would accept the next request;
-    at the end of an episode (truncated=True, after every request was served or dropped)
-    `info["metrics"]` holds the serving metrics of `burstgym.metrics`.
+    at the end of an episode `info["metrics"]` holds the serving metrics of `burstgym.metrics`.
+    `router_view()` returns what a router sees of the next request, in natural units.
     """
 
-    metadata = {"render_modes": ["ansi"]}
+    metadata = {"render_modes": ["ansi", "rgb_array"], "render_fps": 4}
 
     def __init__(self, scenario: str = "bursty", render_mode: str | None = None, **settings: Any):
-        if render_mode not in (None, "ansi"):
-            raise ValueError(f"render_mode {render_mode!r} is not supported; use None or 'ansi'")
+        if render_mode not in (None, *self.metadata["render_modes"]):
+            raise ValueError(f"render_mode {render_mode!r} is not supported; use None, 'ansi' or 'rgb_array'")
         self.cfg, self.params = scenarios.make(scenario, **settings)
         self.scenario = scenario
         self.render_mode = render_mode
         self.core, self._fns = compiled(self.cfg)
         self.observation_space, self.action_space = _spaces(self.cfg)
         self._state = None
+        self._done = False
 
     @property
     def params_pytree(self) -> EnvParams:
         """The parameters the functional core runs with."""
         return self.params
 
+    @property
+    def state(self):
+        """The functional state of the current episode (None before `reset`)."""
+        return self._state
+
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
         super().reset(seed=seed)
         key = jax.random.key(int(self.np_random.integers(2**31 - 1)))
-        obs, self._state = self._fns["reset"](key, self.params)
-        mask = self.core.action_mask(self._state, self.params)
-        return np.asarray(obs), {"action_mask": np.asarray(mask)}
+        obs, self._state, mask = self._fns["reset"](key, self.params)
+        self._done = False
+        obs, mask = jax.device_get((obs, mask))
+        return obs, {"action_mask": mask}
 
     def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict]:
         if self._state is None:
             raise RuntimeError("call reset() before step()")
+        if self._done:
+            raise RuntimeError("the episode has ended: call reset() before step()")
         a = _check_action(action, self.cfg.n_nodes)
         obs, self._state, reward, done, info = self._fns["step_env"](self._state, a, self.params)
-        out = {"action_mask": np.asarray(info["action_mask"]), "dropped": bool(info["dropped"])}
+        obs, reward, done, info = jax.device_get((obs, reward, done, info))
+        check_error(info["error"], f" at request {int(self._state.step) - 1}")
+        out: dict[str, Any] = {"action_mask": info["action_mask"], "dropped": bool(info["dropped"])}
         done = bool(done)
         if done:
+            self._done = True
             out["metrics"] = to_python(self._fns["metrics"](self._state, self.params))
-        return np.asarray(obs), float(reward), False, done, out
+        drain = self.cfg.end == "drain"
+        return obs, float(reward), done and drain, done and not drain, out
 
-    def render(self) -> str | None:
-        if self.render_mode != "ansi" or self._state is None:
+    def router_view(self) -> RouterView:
+        """What a router sees of the next request (`burstgym.observation.RouterView`, NumPy)."""
+        if self._state is None:
+            raise RuntimeError("call reset() before router_view()")
+        return jax.device_get(self._fns["view"](self._state, self.params))
+
+    def _nodes(self) -> dict[str, np.ndarray]:
+        s = jax.device_get(self._state)
+        return {
+            "running": (s.slots.status == RUNNING).sum(axis=1),
+            "waiting": (s.slots.status == WAITING).sum(axis=1),
+            "phase": s.nodes.phase,
+            "kv": np.asarray(self.router_view().kv_util),
+            "clock": float(s.clock),
+            "step": int(s.step),
+        }
+
+    def render(self) -> str | np.ndarray | None:
+        if self.render_mode is None or self._state is None:
             return None
-        s = self._state
-        status = np.asarray(s.slots.status)
-        phase = np.asarray(s.nodes.phase)
-        names = ("idle", "busy", "asleep", "waking")
-        lines = [f"t={float(s.time):.3f}s request {int(s.step)}/{self.cfg.episode_length}"]
-        for n in range(self.cfg.n_nodes):
-            lines.append(
-                f"node {n}: {names[phase[n]]:6s} running={int((status[n] == 2).sum()):3d} "
-                f"waiting={int((status[n] == 1).sum()):3d}"
-            )
-        return "\n".join(lines)
+        n = self._nodes()
+        if self.render_mode == "ansi":
+            lines = [f"t={n['clock']:.3f}s request {n['step']}/{self.cfg.episode_length}"]
+            for i in range(self.cfg.n_nodes):
+                lines.append(
+                    f"node {i}: {_PHASES[n['phase'][i]]:6s} running={n['running'][i]:4d} "
+                    f"waiting={n['waiting'][i]:4d} kv={n['kv'][i]:5.1%}"
+                )
+            return "\n".join(lines)
+        return self._render_rgb(n)
+
+    def _render_rgb(self, n: dict[str, Any]) -> np.ndarray:
+        """An RGB frame: running and waiting requests per node, KV usage as a second axis."""
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+
+        fig = Figure(figsize=(6.4, 3.6), dpi=80)
+        FigureCanvasAgg(fig)
+        ax = fig.add_subplot()
+        x = np.arange(self.cfg.n_nodes)
+        ax.bar(x - 0.2, n["running"], 0.4, label="running")
+        ax.bar(x + 0.2, n["waiting"], 0.4, label="waiting")
+        ax.set_xticks(x, [f"{i}\n{_PHASES[p]}" for i, p in enumerate(n["phase"])])
+        ax.set_ylabel("requests")
+        ax.set_title(f"t = {n['clock']:.2f} s, request {n['step']}/{self.cfg.episode_length}")
+        kv = ax.twinx()
+        kv.plot(x, n["kv"], "k.", label="KV used")
+        kv.set_ylim(0, 1)
+        kv.set_ylabel("KV used by running requests")
+        ax.legend(loc="upper left", fontsize="small")
+        fig.tight_layout()
+        fig.canvas.draw()
+        return np.asarray(fig.canvas.buffer_rgba())[..., :3].copy()
 
 
 class BurstBalanceVectorEnv(VectorEnv):
@@ -142,8 +233,8 @@ class BurstBalanceVectorEnv(VectorEnv):
             seed = int(self.np_random.integers(2**31 - 1))
         keys = jax.random.split(jax.random.key(seed), self.num_envs)
         obs, self._states = self._fns["batched_reset"](keys, self.params)
-        mask = jax.vmap(self.core.action_mask, in_axes=(0, None))(self._states, self.params)
-        return np.asarray(obs), {"action_mask": np.asarray(mask)}
+        obs, mask = jax.device_get((obs, self._fns["batched_mask"](self._states, self.params)))
+        return obs, {"action_mask": mask}
 
     def step(self, actions: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict]:
         if self._states is None:
@@ -157,17 +248,24 @@ class BurstBalanceVectorEnv(VectorEnv):
         obs, self._states, reward, done, info = self._fns["batched_step"](
             self._states, a.astype(np.int32), self.params
         )
-        done = np.asarray(done)
-        infos: dict[str, Any] = {"action_mask": np.asarray(info["action_mask"])}
+        obs, reward, done, info = jax.device_get((obs, reward, done, info))
+        check_error(info["error"])
+        infos: dict[str, Any] = {"action_mask": info["action_mask"]}
         if done.any():
-            infos["final_obs"] = np.asarray(info["final_obs"])
+            infos["final_obs"] = info["final_obs"]
             infos["_final_obs"] = done
-            infos["final_info"] = {
-                "metrics": {k: np.asarray(v) for k, v in info["metrics"].items()},
-                "_metrics": done,
-            }
+            infos["final_info"] = {"metrics": info["metrics"], "_metrics": done}
             infos["_final_info"] = done
-        return np.asarray(obs), np.asarray(reward, dtype=np.float64), np.zeros_like(done), done, infos
+        drain = self.cfg.end == "drain"
+        terminated = done if drain else np.zeros_like(done)
+        truncated = np.zeros_like(done) if drain else done
+        return obs, np.asarray(reward, dtype=np.float64), terminated, truncated, infos
+
+    def router_views(self) -> RouterView:
+        """What the routers of all clusters see of their next requests (NumPy, batch first)."""
+        if self._states is None:
+            raise RuntimeError("call reset() before router_views()")
+        return jax.device_get(self._fns["batched_view"](self._states, self.params))
 
     @property
     def states(self):

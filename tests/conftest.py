@@ -29,8 +29,9 @@ def rollout_fn(cfg: EnvConfig, x64: bool = False):
     """A jitted `(key, params, actions[E]) -> (obs0, state0, final state, per-step trace)`.
 
     One `lax.scan` over `step_env` runs a whole episode in one call. The trace holds, per step:
-    obs, reward, done, clock, node clocks, and the counts the invariants need (finished, in
-    flight, dropped, KV blocks used). `x64` is part of the cache key because a function traced
+    obs, reward, done, the clock (time of the next arrival), the nodes' clocks on the same
+    absolute scale, the error bits, and the counts the invariants need (finished, in flight,
+    dropped, KV blocks used). `x64` is part of the cache key because a function traced
     under `jax.enable_x64` has float64 shapes.
     """
     env = BurstBalance(cfg)
@@ -45,9 +46,10 @@ def rollout_fn(cfg: EnvConfig, x64: bool = False):
                 "obs": obs,
                 "reward": r,
                 "done": d,
-                "time": st.time,
-                "last_time": st.nodes.last_time,
-                "finished": jnp.isfinite(st.log.finish).sum(),
+                "time": st.clock,
+                "last_time": st.nodes.last_time + st.clock,
+                "finished": jnp.isfinite(st.log.e2e).sum(),
+                "error": st.error,
                 "in_flight": (slots.status != EMPTY).sum(),
                 "waiting": (slots.status == WAITING).sum(axis=1),
                 "running": (slots.status == RUNNING).sum(axis=1),

@@ -10,7 +10,7 @@ import jax
 import numpy as np
 import pytest
 
-from burstgym.traces import detect_format, load_trace, summary
+from burstgym.workload.traces import detect_format, load_trace, summary
 from burstgym.workload import TraceReplay, Workload
 
 SHARED_DATA = Path(
@@ -62,14 +62,43 @@ def test_burstgpt_csv_drops_failed_requests(tmp_path: Path) -> None:
 
 def test_mooncake_jsonl(tmp_path: Path) -> None:
     records = [
-        {"timestamp": 2500, "input_length": 6000, "output_length": 12, "hash_ids": [0, 1]},
-        {"timestamp": 1000, "input_length": 900, "output_length": 40, "hash_ids": [2]},
+        {"timestamp": 2500, "input_length": 1000, "output_length": 12, "hash_ids": [57, 91]},
+        {"timestamp": 1000, "input_length": 512, "output_length": 40, "hash_ids": [57]},
     ]
     path = _write(tmp_path, "mc.jsonl", "\n".join(json.dumps(r) for r in records) + "\n")
     trace = load_trace(path)
     np.testing.assert_allclose(trace.arrival, [0.0, 1.5])
-    np.testing.assert_array_equal(trace.prompt, [900, 6000])
+    np.testing.assert_array_equal(trace.prompt, [512, 1000])
     np.testing.assert_array_equal(trace.output, [40, 12])
+    # Block ids renumbered densely in order of first appearance, -1 past a prompt's blocks.
+    np.testing.assert_array_equal(trace.hash_ids, [[0, -1], [0, 1]])
+    assert trace.block_tokens == 512
+
+
+@pytest.mark.parametrize(
+    ("record", "match"),
+    [
+        ({"timestamp": 0, "input_length": 600, "output_length": 1}, r"line 2: field 'hash_ids': missing"),
+        (
+            {"timestamp": 0, "input_length": 600, "output_length": 1, "hash_ids": [1]},
+            r"line 2: field 'hash_ids': 1 ids for input_length 600, expected ceil\(600 / 512\) = 2",
+        ),
+        (
+            {"timestamp": 0, "input_length": 600, "output_length": 1, "hash_ids": [1, "x"]},
+            r"line 2: field 'hash_ids': expected a list of integers",
+        ),
+        (
+            {"timestamp": 0, "input_length": 2000, "output_length": 1, "hash_ids": [1, 2, 3, 4]},
+            r"line 2: .*4 .*bound.* 3|line 2: .*max_blocks",
+        ),
+    ],
+)
+def test_mooncake_hash_id_errors_name_file_line_and_bound(tmp_path: Path, record: dict, match: str) -> None:
+    good = {"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [0]}
+    path = _write(tmp_path, "bad.jsonl", json.dumps(good) + "\n" + json.dumps(record) + "\n")
+    with pytest.raises(ValueError, match=match) as error:
+        load_trace(path, max_blocks=3)
+    assert str(path) in str(error.value)
 
 
 def test_format_detection_and_explicit_format(tmp_path: Path) -> None:
@@ -150,7 +179,7 @@ def test_burstgpt_errors(tmp_path: Path, text: str, match: str) -> None:
     ("lines", "match"),
     [
         ([], r"empty file"),
-        (['{"timestamp": 1, "input_length": 5, "output_length": 5}', "{oops"], r"line 2: not valid JSON"),
+        (['{"timestamp": 1, "input_length": 5, "output_length": 5, "hash_ids": [0]}', "{oops"], r"line 2: not valid JSON"),
         (["[1, 2, 3]"], r"line 1: expected a JSON object"),
         (['{"timestamp": 1, "output_length": 5}'], r"line 1: field 'input_length': missing"),
         (

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from burstgym.traces import Trace
+from burstgym.workload.traces import Trace
 from burstgym.workload import (
     DiurnalArrivals,
     EmpiricalLengths,
@@ -97,7 +97,8 @@ def test_workloads_jit_and_vmap() -> None:
         assert requests.prompt.dtype == requests.output.dtype == jnp.int32
         assert int(requests.prompt.min()) >= 1 and int(requests.output.min()) >= 1
         assert np.all(requests.arrival[:, 0] == 0.0) and np.all(np.diff(requests.arrival, axis=1) >= 0)
-        for column in requests:
+        assert requests.chunk_ids.shape[:2] == (3, SMALL)
+        for column in (requests.arrival, requests.prompt, requests.output):
             assert column.shape == (3, SMALL)
             np.testing.assert_array_equal(column[0], column[1])  # same key, same draw
             assert not np.array_equal(column[0], column[2])  # another key, another draw
@@ -224,7 +225,7 @@ def test_lengths_stay_in_bounds(median: float, sigma: float, exponent: float, hi
 
 def test_workloads_hash_by_value() -> None:
     trace = _toy_trace()
-    copy = Trace(*(np.array(a) for a in trace))
+    copy = Trace(*(np.array(a) for a in trace[:3]))
     assert Workload(TraceReplay(trace)) == Workload(TraceReplay(copy))
     assert hash(Workload(TraceReplay(trace))) == hash(Workload(TraceReplay(copy)))
     assert TraceReplay(trace) != TraceReplay(_toy_trace(seed=2))
