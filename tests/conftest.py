@@ -13,15 +13,23 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from burstgym import scenarios
+from burstgym import cluster, scenarios, scheduler
+from burstgym import prefix_cache as pc
 from burstgym.env import BurstBalance
 from burstgym.types import EMPTY, RUNNING, WAITING, EnvConfig
 
 
-def _kv_used(slots, block_size):
-    """[N] KV blocks held by running requests, recomputed here from the slot table."""
-    blocks = (slots.computed + block_size[:, None] - 1) // block_size[:, None]
-    return jnp.where(slots.status == RUNNING, blocks, 0).sum(axis=1)
+def _kv_used(state, params, cfg):
+    """[N] KV blocks in use: those running requests hold privately plus every chunk the prefix
+    cache holds (pinned or not); without a cache, running requests' blocks from the slot table."""
+    slots, block_size = state.slots, params.nodes.block_size
+    if not cfg.prefix_caching:
+        blocks = (slots.computed + block_size[:, None] - 1) // block_size[:, None]
+        return jnp.where(slots.status == RUNNING, blocks, 0).sum(axis=1)
+    geo = cluster.geometry(slots, state.requests, params, cfg)
+    private = jax.vmap(scheduler.kv_blocks_used)(slots, geo.chunks, block_size)
+    held, _ = jax.vmap(pc.usage)(state.cache, geo.blocks_u)
+    return private + held
 
 
 @functools.cache
@@ -54,7 +62,7 @@ def rollout_fn(cfg: EnvConfig, x64: bool = False):
                 "waiting": (slots.status == WAITING).sum(axis=1),
                 "running": (slots.status == RUNNING).sum(axis=1),
                 "dropped": st.log.dropped.sum(),
-                "kv_used": _kv_used(slots, params.nodes.block_size),
+                "kv_used": _kv_used(st, params, cfg),
                 "mask": info["action_mask"],
             }
             return st, out

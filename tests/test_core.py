@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import base, rollout, rollout_fn
+from conftest import BASE, base, rollout, rollout_fn
 
 from burstgym import scenarios
 from burstgym.env import BurstBalance
@@ -44,8 +44,8 @@ def test_md1_mean_wait() -> None:
     keys = jax.random.split(jax.random.key(0), 512)
     _, st0, st, _ = run(keys, params, jnp.zeros(e, jnp.int32))
     assert not np.asarray(st.log.dropped).any()
-    e2e = np.asarray(st.log.finish - st0.requests.arrival, np.float64)[:, warm:]
-    ttft = np.asarray(st.log.first_token - st0.requests.arrival, np.float64)[:, warm:]
+    e2e = np.asarray(st.log.e2e, np.float64)[:, warm:]
+    ttft = np.asarray(st.log.ttft, np.float64)[:, warm:]
     np.testing.assert_allclose(e2e, ttft)
     assert e2e.min() >= service * (1 - 1e-3)  # float32 clock: ~1e-4 s rounding at t ~ 800 s
     wq = e2e.mean() - service
@@ -107,7 +107,7 @@ def test_latency_rewards_sum_to_objective(small) -> None:
     actions = np.random.default_rng(1).choice(cfg.n_nodes, cfg.episode_length, p=[0.7, 0.1, 0.1, 0.1])
     _, st0, st, trace = rollout(cfg, params, 5, actions)
     assert int(st.log.dropped.sum()) > 0 and float(st.nodes.energy_j.sum()) > 0
-    objective = float(objective_from_log(st0.requests, st.log, st.nodes.energy_j, "latency", params))
+    objective = float(objective_from_log(st0.requests, st.service, st.log, st.nodes.energy_j, st.horizon, cfg, params))
     energy_part = 1e-3 * float(st.nodes.energy_j.sum())
     assert energy_part > 0.01 * objective  # the energy term matters at this tolerance
     got = -trace["reward"].astype(np.float64).sum() * float(params.reward_scale)
@@ -115,15 +115,54 @@ def test_latency_rewards_sum_to_objective(small) -> None:
 
 
 def test_slo_rewards_sum_to_goodput() -> None:
-    """SLO objective: rewards sum to (goodput - drop_penalty * drops) / scale, from the log."""
+    """SLO objective: rewards sum to goodput - drop_penalty * drops (over the scale), from the log."""
     cfg, params = base("continuous", objective="slo", ttft_slo=0.5, tpot_slo=0.05)
     actions = np.random.default_rng(2).choice(cfg.n_nodes, cfg.episode_length, p=[0.7, 0.1, 0.1, 0.1])
     _, st0, st, trace = rollout(cfg, params, 6, actions)
-    value = float(objective_from_log(st0.requests, st.log, st.nodes.energy_j, "slo", params))
+    cost = float(objective_from_log(st0.requests, st.service, st.log, st.nodes.energy_j, st.horizon, cfg, params))
     drops = int(st.log.dropped.sum())
-    assert drops > 0 and value + float(params.drop_penalty) * drops > 0  # some requests met their SLO
-    got = trace["reward"].astype(np.float64).sum() * float(params.reward_scale)
-    assert got == pytest.approx(value, rel=1e-5, abs=1e-3)
+    assert drops > 0 and -cost + float(params.drop_penalty) * drops > 0  # some requests met their SLO
+    got = -trace["reward"].astype(np.float64).sum() * float(params.reward_scale)
+    assert got == pytest.approx(cost, rel=1e-5, abs=1e-3)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        dict(objective="excess"),
+        dict(reward="finish"),
+        dict(reward="finish", objective="excess", ttft_weight=2.0),
+        dict(ttft_weight=1.0),
+    ],
+)
+def test_objectives_and_rewards_agree_with_the_log(overrides) -> None:
+    """Every objective / reward timing / TTFT weight sums to the objective recomputed from the log
+    (accrual and finish rewards differ in when they pay, not in what)."""
+    cfg, params = base("continuous", **overrides)
+    actions = np.random.default_rng(3).choice(cfg.n_nodes, cfg.episode_length, p=[0.7, 0.1, 0.1, 0.1])
+    _, st0, st, trace = rollout(cfg, params, 7, actions)
+    cost = float(objective_from_log(st0.requests, st.service, st.log, st.nodes.energy_j, st.horizon, cfg, params))
+    got = -trace["reward"].astype(np.float64).sum() * float(params.reward_scale)
+    assert got == pytest.approx(cost, rel=1e-4, abs=1e-3)
+    if cfg.objective == "excess":  # latency beyond an idle node's: never negative per request
+        served = ~np.asarray(st.log.dropped)
+        excess = np.asarray(st.log.e2e - st.service.e2e[: cfg.episode_length])[served]
+        assert excess.min() >= -1e-4
+
+
+def test_cut_end_stops_with_requests_in_flight() -> None:
+    """`end="cut"`: the episode stops at the last arrival with requests still in flight (a
+    truncation), where "drain" serves them all (a termination)."""
+    actions = np.zeros(BASE["episode_length"], np.int64)
+    cut_cfg, cut_params = base("continuous", end="cut")
+    _, _, cut, tr_cut = rollout(cut_cfg, cut_params, 8, actions)
+    drain_cfg, drain_params = base("continuous")
+    _, _, drain, tr_drain = rollout(drain_cfg, drain_params, 8, actions)
+    assert tr_cut["done"][-1] and tr_cut["in_flight"][-1] > 0
+    assert tr_drain["in_flight"][-1] == 0
+    assert float(cut.t_end) < float(drain.t_end)
+    # up to the last step the two episodes are the same
+    np.testing.assert_allclose(tr_cut["reward"][:-1], tr_drain["reward"][:-1], rtol=1e-6)
 
 
 def test_step_time_is_affine_in_kv_tokens():

@@ -18,7 +18,6 @@ from burstgym.gym_env import _spaces
 from burstgym.observation import OBS_HIGH
 
 N = BASE["n_nodes"]
-LONGEST = BASE["prompt_max"] + BASE["output_max"]
 
 
 @st.composite
@@ -33,15 +32,15 @@ def clusters(draw):
         "queue_capacity": draw(ints(1, BASE["queue_capacity"])),
         "block_size": block,
         # enough blocks for the longest request (else a node would stall), up to ~3x that
-        "kv_tokens": draw(ints(LONGEST + block, 3 * LONGEST)),
-        "budget": draw(st.sampled_from([LONGEST, 512, 2048])),
+        "kv_factor": draw(st.lists(st.floats(1.05, 3.0), min_size=N, max_size=N)),
+        "budget": draw(st.sampled_from([None, 512, 2048])),
         "load": draw(st.floats(0.3, 2.0)),
         "sleep": draw(st.booleans()),
         "seed": draw(st.integers(0, 2**16)),
     }
 
 
-def _params(c, params):
+def _params(c, params, longest):
     """`params` with the drawn per-node values; `load` scales iteration times (speed)."""
     n = params.nodes
     i32 = lambda v: jnp.asarray(v, jnp.int32)  # noqa: E731
@@ -53,22 +52,31 @@ def _params(c, params):
         max_batch_size=i32(c["max_batch_size"]),
         queue_capacity=i32(c["queue_capacity"]),
         block_size=jnp.full_like(n.block_size, bs),
-        kv_blocks=i32([kv // bs for kv in c["kv_tokens"]]),
-        max_num_batched_tokens=jnp.full_like(n.max_num_batched_tokens, c["budget"]),
+        kv_blocks=i32([int(f * longest) // bs + 1 for f in c["kv_factor"]]),
+        max_num_batched_tokens=jnp.full_like(n.max_num_batched_tokens, c["budget"] or longest),
         sleep_timeout=full(0.2 if c["sleep"] else np.inf),
         wake_delay=full(0.1 if c["sleep"] else 0.0),
     )
     return params._replace(nodes=nodes)
 
 
-@pytest.mark.parametrize("scheduler", ["continuous", "dynamic"])
+# Shared prefixes of 8 groups cut into 64-token chunks, so prefix hits, pinning and eviction occur.
+PREFIX = dict(prefix_share=1.0, prefix_groups=8, prefix_median=128.0, prefix_max=256, chunk_tokens=64)
+CASES = {"continuous": ("continuous", {}), "dynamic": ("dynamic", {}), "prefix": ("continuous", PREFIX)}
+
+
+@pytest.mark.parametrize("case", list(CASES))
 @settings(max_examples=8, deadline=None)
 @given(c=clusters())
-def test_invariants(scheduler, c) -> None:
-    """Conservation, KV bounds, finite and in-space observations, monotone clocks, full drain."""
+def test_invariants(case, c) -> None:
+    """Conservation, KV bounds (cache included), finite and in-space observations, monotone clocks,
+    full drain, no core error."""
+    scheduler, extra = CASES[case]
     c = {**c, "scheduler": scheduler}
-    cfg, params = base(scheduler)
-    params = _params(c, params)
+    cfg, params = base(scheduler, **extra)
+    assert cfg.prefix_caching == (case == "prefix")
+    longest = cfg.workload.max_prompt + cfg.workload.max_output
+    params = _params(c, params, longest)
     rng = np.random.default_rng(c["seed"])
     actions = rng.integers(0, c["n_used"], cfg.episode_length)
     obs0, st0, st, tr = rollout(cfg, params, c["seed"], actions)
@@ -96,7 +104,7 @@ def test_invariants(scheduler, c) -> None:
     assert obs.min() >= 0.0 and obs.max() <= OBS_HIGH
     assert all(space.contains(o) for o in obs)
     # simulated time never goes back, globally and per node
-    time = np.r_[float(st0.time), tr["time"]]
+    time = np.r_[float(st0.clock), tr["time"]]
     assert (np.diff(time) >= 0).all()
     last = np.concatenate([np.asarray(st0.nodes.last_time)[None], tr["last_time"]])
     assert (np.diff(last, axis=0) >= 0).all()
@@ -104,9 +112,16 @@ def test_invariants(scheduler, c) -> None:
     assert tr["done"][-1] and not tr["done"][:-1].any()
     assert tr["in_flight"][-1] == 0
     dropped = np.asarray(st.log.dropped)
-    finish = np.asarray(st.log.finish)
-    first = np.asarray(st.log.first_token)
-    arrival = np.asarray(st0.requests.arrival)
-    assert np.isfinite(finish[~dropped]).all() and np.isnan(finish[dropped]).all()
-    assert (first[~dropped] > arrival[~dropped]).all() and (finish[~dropped] >= first[~dropped]).all()
-    assert float(st.t_end) >= np.nanmax(finish, initial=arrival[-1]) - 1e-6
+    e2e = np.asarray(st.log.e2e)
+    ttft = np.asarray(st.log.ttft)
+    arrival = np.asarray(st0.requests.arrival)[:e]
+    assert np.isfinite(e2e[~dropped]).all() and np.isnan(e2e[dropped]).all()
+    assert (ttft[~dropped] > 0).all() and (e2e[~dropped] >= ttft[~dropped]).all()
+    assert float(st.t_end) >= np.nanmax(arrival + e2e, initial=arrival[-1]) - 1e-4
+    assert (tr["error"] == 0).all()
+    # the prefix cache never serves the whole prompt (one token is always prefilled), serves
+    # shared prefixes when there are some, and nothing without a cache
+    hits = np.asarray(st.log.hit_tokens)
+    prompt = np.asarray(st0.requests.prompt)[:e]
+    assert (hits[~dropped] <= prompt[~dropped] - 1).all()
+    assert (hits.sum() > 0) == (case == "prefix")
