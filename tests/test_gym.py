@@ -24,17 +24,48 @@ def test_env_checkers() -> None:
     env.close()
 
 
-def test_episode_ends_with_metrics() -> None:
-    """An episode lasts episode_length steps; the last is a truncation carrying the serving metrics."""
-    env = gym.make("BurstBalance-v0", **GYM)
+@pytest.mark.parametrize(("end", "terminates"), [("drain", True), ("cut", False)])
+def test_episode_ends_with_metrics(end: str, terminates: bool) -> None:
+    """An episode lasts episode_length steps; the last carries the serving metrics and is a
+    termination when it drains, a truncation when it is cut; stepping on raises."""
+    env = gym.make("BurstBalance-v0", **GYM, end=end)
     obs, info = env.reset(seed=0)
     assert env.observation_space.contains(obs)
     for k in range(GYM["episode_length"]):
         obs, reward, terminated, truncated, info = env.step(k % GYM["n_nodes"])
-        assert np.isfinite(reward) and not terminated
-        assert truncated == (k == GYM["episode_length"] - 1)
+        last = k == GYM["episode_length"] - 1
+        assert np.isfinite(reward)
+        assert (terminated, truncated) == ((last and terminates), (last and not terminates))
     m = info["metrics"]
-    assert m["requests"] == GYM["episode_length"] and m["served"] + m["drops"] == m["requests"]
+    assert m["requests"] == GYM["episode_length"]
+    if terminates:
+        assert m["served"] + m["drops"] == m["requests"]
+    with pytest.raises(RuntimeError, match="episode has ended"):
+        env.step(0)
+
+
+def test_render_modes() -> None:
+    """"ansi" gives a text table of the nodes, "rgb_array" an RGB frame; others are refused."""
+    text = gym.make("BurstBalance-v0", **GYM, render_mode="ansi")
+    text.reset(seed=0)
+    text.step(0)
+    table = text.render()
+    assert table.count("node ") == GYM["n_nodes"] and "running=" in table
+    frames = gym.make("BurstBalance-v0", **GYM, render_mode="rgb_array")
+    frames.reset(seed=0)
+    frame = frames.render()
+    assert frame.dtype == np.uint8 and frame.ndim == 3 and frame.shape[2] == 3 and frame.std() > 0
+    with pytest.raises(ValueError, match="render_mode 'svg'"):
+        gym.make("BurstBalance-v0", **GYM, render_mode="svg")
+
+
+def test_slot_overflow_is_raised_not_dropped() -> None:
+    """A node asked to hold more requests than its slot table raises instead of losing one."""
+    env = gym.make("BurstBalance-v0", **{**GYM, "queue_capacity": 50, "slots": 4}).unwrapped
+    env.reset(seed=0)
+    with pytest.raises(RuntimeError, match="slot table overflowed"):
+        for _ in range(GYM["episode_length"]):
+            env.step(0)
 
 
 def test_vector_env_same_step_autoreset() -> None:
@@ -47,10 +78,10 @@ def test_vector_env_same_step_autoreset() -> None:
     rng = np.random.default_rng(0)
     for k in range(GYM["episode_length"]):
         obs, reward, terminated, truncated, info = envs.step(rng.integers(0, GYM["n_nodes"], 8))
-        assert reward.shape == (8,) and np.isfinite(reward).all() and not terminated.any()
+        assert reward.shape == (8,) and np.isfinite(reward).all() and not truncated.any()
         assert envs.observation_space.contains(obs)
         last = k == GYM["episode_length"] - 1
-        assert truncated.all() == last and truncated.any() == last
+        assert terminated.all() == last and terminated.any() == last
         assert ("final_obs" in info) == last
     assert info["_final_info"].all() and info["_final_obs"].all()
     m = info["final_info"]["metrics"]
@@ -62,7 +93,7 @@ def test_vector_env_same_step_autoreset() -> None:
     states = envs.unwrapped.states
     np.testing.assert_array_equal(np.asarray(states.step), 0)
     obs, reward, terminated, truncated, info = envs.step(np.zeros(8, np.int64))
-    assert not truncated.any() and "final_obs" not in info
+    assert not terminated.any() and "final_obs" not in info
     np.testing.assert_array_equal(np.asarray(envs.unwrapped.states.step), 1)
     envs.close()
 
