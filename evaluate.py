@@ -1,8 +1,9 @@
 """Evaluate routers: trained checkpoints and every heuristic, on scenarios or trace files, over
 seeded episodes shared by all routers (common random numbers).
 
-    python evaluate.py              # the default train.py model vs every heuristic on "bursty"
-    python evaluate.py --scenarios steady bursty bursty-dynamic energy overload --seeds 10
+    python evaluate.py              # the default train.py model vs every router on every named scenario
+    python evaluate.py --scenarios prefix conversation --routers round-robin least-tokens sglang-cache-aware
+    python evaluate.py --trace path/to/mooncake_trace.jsonl --load 0.7
     python evaluate.py --trace path/to/AzureLLMInferenceTrace_code.csv --load 0.7
     python evaluate.py --model runs/bursty-dynamic-ppo-seed1/model.zip --regime-grid large
 
@@ -39,7 +40,7 @@ from rich.console import Console  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from agents.cli import parse_settings  # noqa: E402
-from agents.heuristics import ROUTERS, ClusterLimits, make_router  # noqa: E402
+from agents.heuristics import ROUTERS, make_router  # noqa: E402
 from agents.learners import PolicyRouter, check_algo, load_model  # noqa: E402
 from agents.rollout import Episodes, Rollout, ci95  # noqa: E402
 from burstgym import scenarios  # noqa: E402
@@ -47,10 +48,11 @@ from burstgym.observation import obs_size  # noqa: E402
 
 # The checkpoint train.py kept as best on its held-out seeds (5000+); evaluation seeds (10000+) differ,
 # so this is model selection on validation data, as rl-zoo3's best_model, not on the test episodes.
-DEFAULT_MODEL = Path("runs/bursty-ppo-seed0/best_model.zip")
+DEFAULT_MODEL = Path("runs/prefix-ppo-seed0/best_model.zip")
 FINAL_MODEL = DEFAULT_MODEL.with_name("model.zip")  # used when training kept no best model (--eval-every 0)
 BASELINE = "round-robin"
 METRICS = (
+    "ttft_mean",
     "e2e_mean",
     "e2e_p50",
     "e2e_p99",
@@ -61,6 +63,8 @@ METRICS = (
     "drop_rate",
     "energy_per_request_j",
     "skew_index",
+    "cache_hit_rate",
+    "saved_tokens",
 )
 BALANCING = ("round-robin", "jsq")
 SKEWING = ("weighted-skew", "pack-load", "soonest-batch")
@@ -193,10 +197,10 @@ def regime_map(
     for arrivals, load, scheduler in tqdm(cells, desc="regime map", unit="cell"):
         scenario, arrival_settings = ARRIVALS[arrivals]
         cell = {**settings, **arrival_settings, "load": load, "scheduler": scheduler}
-        limits = ClusterLimits.of(scenario, **cell)
+        n_nodes = scenarios.settings_for(scenario, **cell)[1].n_nodes
         # soonest-batch is join-the-shortest-queue without a batching window: only a skew router on "dynamic"
         skewing = SKEWING if scheduler == "dynamic" else tuple(n for n in SKEWING if n != "soonest-batch")
-        routers = [make_router(n, limits) for n in BALANCING + skewing]
+        routers = [make_router(n, n_nodes) for n in BALANCING + skewing]
         if learned is not None:
             routers.append(learned)
         res = Rollout(scenario, **cell).run(routers, seeds)
@@ -274,9 +278,9 @@ def markdown(df: pd.DataFrame, lines: list[str]) -> str:
         out += [
             f"## {scenario}",
             "",
-            "| router | objective | Δ vs RR (paired) | e2e p50 (s) | e2e p99 (s) | TTFT p99 (s) | SLO att. "
-            "| drop rate | J/request | skew |",
-            "|---|---|---|---|---|---|---|---|---|---|",
+            "| router | objective | Δ vs RR (paired) | TTFT mean (s) | TTFT p99 (s) | e2e p50 (s) | e2e p99 (s) "
+            "| SLO att. | drop rate | cache hit | J/request | skew |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for _, r in sub.iterrows():
             cells = [
@@ -285,7 +289,10 @@ def markdown(df: pd.DataFrame, lines: list[str]) -> str:
                 f"{r['vs_rr_pct']:+.2f}% ({fmt(r['vs_rr'], r['vs_rr_ci'], 1)})",
                 *(
                     fmt(r[m], r[f"{m}_ci"])
-                    for m in ("e2e_p50", "e2e_p99", "ttft_p99", "slo_attainment", "drop_rate")
+                    for m in (
+                        "ttft_mean", "ttft_p99", "e2e_p50", "e2e_p99", "slo_attainment", "drop_rate",
+                        "cache_hit_rate",
+                    )
                 ),
                 fmt(r["energy_per_request_j"], r["energy_per_request_j_ci"], 1),
                 fmt(r["skew_index"], r["skew_index_ci"]),
@@ -302,7 +309,8 @@ def main(argv: list[str] | None = None) -> int:
         "--scenarios",
         nargs="+",
         default=None,
-        help=f"default: bursty; any of {', '.join(scenarios.SCENARIOS)}",
+        help="default: the model's training scenario first, then every named scenario but 'trace'; "
+        f"any of {', '.join(scenarios.SCENARIOS)}",
     )
     p.add_argument("--trace", action="append", default=[], help="trace file to replay (repeatable)")
     p.add_argument("--load", type=float, default=None, help="override every scenario's load")
@@ -362,7 +370,14 @@ def evaluate(args: argparse.Namespace) -> int:
     settings.update(parse_settings(args.set))
     if args.load is not None:
         settings["load"] = args.load
-    jobs = [(name, name, dict(settings)) for name in (args.scenarios or ([] if args.trace else ["bursty"]))]
+    if args.scenarios:
+        names = list(args.scenarios)
+    elif args.trace:
+        names = []
+    else:
+        first = config.get("scenario", "prefix")
+        names = list(dict.fromkeys([first, *(n for n in scenarios.SCENARIOS if n != "trace")]))
+    jobs = [(name, name, dict(settings)) for name in names]
     jobs += [(f"trace:{Path(t).name}", "trace", {**settings, "trace": t}) for t in args.trace]
     n_nodes = set()
     for _, name, s in jobs:  # refuse bad scenarios, settings and traces before running anything
@@ -382,9 +397,8 @@ def evaluate(args: argparse.Namespace) -> int:
     seeds = list(range(args.seed_base, args.seed_base + args.seeds))
     rows, lines, all_results = [], [], {}
     for label, name, s in jobs:
-        limits = ClusterLimits.of(name, **s)
-        batch = [make_router(r, limits) for r in routers] + ([learned] if learned else [])
         rollout = Rollout(name, **s)
+        batch = [make_router(r, rollout.cfg.n_nodes) for r in routers] + ([learned] if learned else [])
         with tqdm(
             total=rollout.cfg.episode_length,
             desc=f"{label}: {len(batch)} routers x {len(seeds)} seeds",

@@ -1,8 +1,8 @@
 """Train a Stable-Baselines3 router on a burstgym scenario.
 
-    python train.py                                   # PPO on "bursty", about 10 minutes on 2 CPU cores
+    python train.py                                   # PPO on "prefix" (shared prompt prefixes, prefix caching)
     python train.py --scenario bursty-dynamic --algo ppo --timesteps 2000000 --n-envs 512 --seed 1
-    python train.py --resume runs/bursty-ppo-seed0/checkpoints/model_100000_steps.zip --timesteps 100000
+    python train.py --resume runs/prefix-ppo-seed0/checkpoints/model_100000_steps.zip --timesteps 100000
     tensorboard --logdir runs
 
 Writes `runs/<scenario>-<algo>-seed<seed>/`: `model.zip` (the final model), `best_model.zip` (the
@@ -28,7 +28,7 @@ import torch  # noqa: E402
 from stable_baselines3.common.callbacks import BaseCallback, CallbackList, CheckpointCallback  # noqa: E402
 
 from agents.cli import parse_settings  # noqa: E402
-from agents.heuristics import ROUTERS, ClusterLimits, RoundRobin, make_router  # noqa: E402
+from agents.heuristics import ROUTERS, RoundRobin, make_router  # noqa: E402
 from agents.hyperparams import hyperparams  # noqa: E402
 from agents.learners import ALGOS, PolicyRouter, behaviour_clone, check_algo, load_model, make_model  # noqa: E402
 from agents.rollout import Rollout  # noqa: E402
@@ -36,6 +36,8 @@ from agents.sb3_vec_env import JaxVecEnv  # noqa: E402
 from burstgym import scenarios  # noqa: E402
 
 SERVING_TAGS = (
+    "ttft_mean",
+    "cache_hit_rate",
     "e2e_mean",
     "e2e_p50",
     "e2e_p99",
@@ -75,7 +77,7 @@ class EvalVsRoundRobin(BaseCallback):
         self.best_path = best_path
         self.best = float("inf")
         self.rollout = Rollout(scenario, **settings)
-        self.baseline = RoundRobin(ClusterLimits.of(scenario, **settings))
+        self.baseline = RoundRobin(self.rollout.cfg.n_nodes)
         self.every = every
         self.seeds = list(range(EVAL_SEED_BASE, EVAL_SEED_BASE + n_seeds))
         self.next_at = every
@@ -108,7 +110,7 @@ class EvalVsRoundRobin(BaseCallback):
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--scenario", default="bursty", help=f"one of: {', '.join(scenarios.SCENARIOS)}")
+    p.add_argument("--scenario", default="prefix", help=f"one of: {', '.join(scenarios.SCENARIOS)}")
     p.add_argument("--algo", default="ppo", help=f"one of: {', '.join(ALGOS)}")
     p.add_argument("--timesteps", type=int, default=600_000, help="environment steps (routing decisions)")
     p.add_argument("--n-envs", type=int, default=128, help="clusters stepped together by the JAX core")
@@ -166,7 +168,7 @@ def train(args: argparse.Namespace) -> int:
     else:
         model = make_model(args.algo, env, args.scenario, args.seed, str(run_dir / "tb"))
         if args.bc_teacher != "none":
-            teacher = make_router(args.bc_teacher, ClusterLimits.of(args.scenario, **settings))
+            teacher = make_router(args.bc_teacher, env.n_nodes)
             agreement = behaviour_clone(model, env, teacher, args.bc_steps)
             print(f"imitated {args.bc_teacher} for {args.bc_steps} steps: agreement {agreement:.3f}")
     callbacks = [
