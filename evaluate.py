@@ -40,7 +40,7 @@ from rich.console import Console  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from agents.cli import parse_settings  # noqa: E402
-from agents.heuristics import ROUTERS, make_router  # noqa: E402
+from agents.routers import ROUTERS, make_router  # noqa: E402
 from agents.learners import PolicyRouter, check_algo, load_model  # noqa: E402
 from agents.rollout import Episodes, Rollout, ci95  # noqa: E402
 from burstgym import scenarios  # noqa: E402

@@ -28,7 +28,8 @@ import torch  # noqa: E402
 from stable_baselines3.common.callbacks import BaseCallback, CallbackList, CheckpointCallback  # noqa: E402
 
 from agents.cli import parse_settings  # noqa: E402
-from agents.heuristics import ROUTERS, RoundRobin, make_router  # noqa: E402
+from agents.heuristics import RoundRobin  # noqa: E402
+from agents.routers import ROUTERS, make_router  # noqa: E402
 from agents.hyperparams import hyperparams  # noqa: E402
 from agents.learners import ALGOS, PolicyRouter, behaviour_clone, check_algo, load_model, make_model  # noqa: E402
 from agents.rollout import Rollout  # noqa: E402
