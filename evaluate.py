@@ -40,9 +40,9 @@ from rich.console import Console  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from agents.cli import parse_settings  # noqa: E402
-from agents.routers import ROUTERS, make_router  # noqa: E402
 from agents.learners import PolicyRouter, check_algo, load_model  # noqa: E402
 from agents.rollout import Episodes, Rollout, ci95  # noqa: E402
+from agents.routers import ROUTERS, make_router  # noqa: E402
 from burstgym import scenarios  # noqa: E402
 from burstgym.observation import obs_size  # noqa: E402
 
@@ -278,8 +278,8 @@ def markdown(df: pd.DataFrame, lines: list[str]) -> str:
         out += [
             f"## {scenario}",
             "",
-            "| router | objective | Δ vs RR (paired) | TTFT mean (s) | TTFT p99 (s) | e2e p50 (s) | e2e p99 (s) "
-            "| SLO att. | drop rate | cache hit | J/request | skew |",
+            "| router | objective | Δ vs RR (paired) | TTFT mean (s) | TTFT p99 (s) | e2e p50 (s) "
+            "| e2e p99 (s) | SLO att. | drop rate | cache hit | J/request | skew |",
             "|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for _, r in sub.iterrows():

@@ -1,6 +1,6 @@
 """Train a Stable-Baselines3 router on a burstgym scenario.
 
-    python train.py                                   # PPO on "prefix" (shared prompt prefixes, prefix caching)
+    python train.py                                   # PPO on "prefix" (shared prefixes, prefix caching)
     python train.py --scenario bursty-dynamic --algo ppo --timesteps 2000000 --n-envs 512 --seed 1
     python train.py --resume runs/prefix-ppo-seed0/checkpoints/model_100000_steps.zip --timesteps 100000
     tensorboard --logdir runs
@@ -29,10 +29,10 @@ from stable_baselines3.common.callbacks import BaseCallback, CallbackList, Check
 
 from agents.cli import parse_settings  # noqa: E402
 from agents.heuristics import RoundRobin  # noqa: E402
-from agents.routers import ROUTERS, make_router  # noqa: E402
 from agents.hyperparams import hyperparams  # noqa: E402
 from agents.learners import ALGOS, PolicyRouter, behaviour_clone, check_algo, load_model, make_model  # noqa: E402
 from agents.rollout import Rollout  # noqa: E402
+from agents.routers import ROUTERS, make_router  # noqa: E402
 from agents.sb3_vec_env import JaxVecEnv  # noqa: E402
 from burstgym import scenarios  # noqa: E402
 

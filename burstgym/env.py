@@ -182,7 +182,7 @@ class BurstBalance:
     # -------------------------------------------------------------------------------------- step
 
     def _route_advance(self, state: State, action: jax.Array, params: EnvParams) -> _Step:
-        """Route request `state.step` and advance to the next arrival (not past it on a draining last step)."""
+        """Route request `state.step`, advance to the next arrival (not past it when draining)."""
         cfg = self.cfg
         req = state.requests
         k = state.step

@@ -188,7 +188,8 @@ class Settings:
             )
         if self.system_tokens < 0 or self.system_tokens % 512:
             raise ValueError(
-                f"scenario setting 'system_tokens' must be a whole number of 512-token chunks, got {self.system_tokens!r}"
+                "scenario setting 'system_tokens' must be a whole number of 512-token chunks, "
+                f"got {self.system_tokens!r}"
             )
         choices = {
             "scheduler": SCHEDULERS,

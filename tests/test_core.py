@@ -100,6 +100,12 @@ def test_step_not_retraced() -> None:
         assert len(traces) == 1, f"re-traced in episode {episode}"
 
 
+def _objective(st0, st, cfg, params) -> float:
+    """The episode's objective recomputed from its request log."""
+    nodes = st.nodes
+    return float(objective_from_log(st0.requests, st.service, st.log, nodes.energy_j, st.horizon, cfg, params))
+
+
 def test_latency_rewards_sum_to_objective(small) -> None:
     """Latency objective with energy and drops: -sum(rewards) * scale == objective from the log."""
     cfg, params = small
@@ -107,7 +113,7 @@ def test_latency_rewards_sum_to_objective(small) -> None:
     actions = np.random.default_rng(1).choice(cfg.n_nodes, cfg.episode_length, p=[0.7, 0.1, 0.1, 0.1])
     _, st0, st, trace = rollout(cfg, params, 5, actions)
     assert int(st.log.dropped.sum()) > 0 and float(st.nodes.energy_j.sum()) > 0
-    objective = float(objective_from_log(st0.requests, st.service, st.log, st.nodes.energy_j, st.horizon, cfg, params))
+    objective = _objective(st0, st, cfg, params)
     energy_part = 1e-3 * float(st.nodes.energy_j.sum())
     assert energy_part > 0.01 * objective  # the energy term matters at this tolerance
     got = -trace["reward"].astype(np.float64).sum() * float(params.reward_scale)
@@ -119,7 +125,7 @@ def test_slo_rewards_sum_to_goodput() -> None:
     cfg, params = base("continuous", objective="slo", ttft_slo=0.5, tpot_slo=0.05)
     actions = np.random.default_rng(2).choice(cfg.n_nodes, cfg.episode_length, p=[0.7, 0.1, 0.1, 0.1])
     _, st0, st, trace = rollout(cfg, params, 6, actions)
-    cost = float(objective_from_log(st0.requests, st.service, st.log, st.nodes.energy_j, st.horizon, cfg, params))
+    cost = _objective(st0, st, cfg, params)
     drops = int(st.log.dropped.sum())
     assert drops > 0 and -cost + float(params.drop_penalty) * drops > 0  # some requests met their SLO
     got = -trace["reward"].astype(np.float64).sum() * float(params.reward_scale)
@@ -141,7 +147,7 @@ def test_objectives_and_rewards_agree_with_the_log(overrides) -> None:
     cfg, params = base("continuous", **overrides)
     actions = np.random.default_rng(3).choice(cfg.n_nodes, cfg.episode_length, p=[0.7, 0.1, 0.1, 0.1])
     _, st0, st, trace = rollout(cfg, params, 7, actions)
-    cost = float(objective_from_log(st0.requests, st.service, st.log, st.nodes.energy_j, st.horizon, cfg, params))
+    cost = _objective(st0, st, cfg, params)
     got = -trace["reward"].astype(np.float64).sum() * float(params.reward_scale)
     assert got == pytest.approx(cost, rel=1e-4, abs=1e-3)
     if cfg.objective == "excess":  # latency beyond an idle node's: never negative per request

@@ -10,8 +10,8 @@ import jax
 import numpy as np
 import pytest
 
-from burstgym.workload.traces import detect_format, load_trace, summary
 from burstgym.workload import TraceReplay, Workload
+from burstgym.workload.traces import detect_format, load_trace, summary
 
 SHARED_DATA = Path(
     os.environ.get("BURSTGYM_SHARED_DATA", Path(__file__).resolve().parents[1].parent / "shared" / "data")
@@ -179,7 +179,10 @@ def test_burstgpt_errors(tmp_path: Path, text: str, match: str) -> None:
     ("lines", "match"),
     [
         ([], r"empty file"),
-        (['{"timestamp": 1, "input_length": 5, "output_length": 5, "hash_ids": [0]}', "{oops"], r"line 2: not valid JSON"),
+        (
+            ['{"timestamp": 1, "input_length": 5, "output_length": 5, "hash_ids": [0]}', "{oops"],
+            r"line 2: not valid JSON",
+        ),
         (["[1, 2, 3]"], r"line 1: expected a JSON object"),
         (['{"timestamp": 1, "output_length": 5}'], r"line 1: field 'input_length': missing"),
         (

@@ -11,7 +11,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from burstgym.workload.traces import Trace
 from burstgym.workload import (
     DiurnalArrivals,
     EmpiricalLengths,
@@ -24,6 +23,7 @@ from burstgym.workload import (
     Workload,
     ZipfLengths,
 )
+from burstgym.workload.traces import Trace
 
 KEY = jax.random.PRNGKey(0)
 KEY_B = jax.random.PRNGKey(1)
