@@ -102,8 +102,8 @@ def test_step_not_retraced() -> None:
 
 def _objective(st0, st, cfg, params) -> float:
     """The episode's objective recomputed from its request log."""
-    nodes = st.nodes
-    return float(objective_from_log(st0.requests, st.service, st.log, nodes.energy_j, st.horizon, cfg, params))
+    energy = st.nodes.energy_j
+    return float(objective_from_log(st0.requests, st.service, st.log, energy, st.horizon, cfg, params))
 
 
 def test_latency_rewards_sum_to_objective(small) -> None:
