@@ -50,16 +50,18 @@ def trained(tmp_path_factory) -> Path:
         "--no-progress",
     )
     assert proc.returncode == 0, proc.stderr
-    return out / "bursty-ppo-seed0"
+    return out / "prefix-ppo-seed0"
 
 
 def test_train_saves_a_loadable_model_with_config_and_checkpoints(trained):
     from agents.learners import load_model
 
     model = load_model(trained / "model.zip", "ppo")
-    assert model.observation_space.shape == (4 * 8 + 3,)
+    from burstgym.observation import obs_size
+
+    assert model.observation_space.shape == (obs_size(4),)
     config = json.loads((trained / "config.json").read_text())
-    assert config["algo"] == "ppo" and config["scenario"] == "bursty" and config["timesteps"] >= 256
+    assert config["algo"] == "ppo" and config["scenario"] == "prefix" and config["timesteps"] >= 256
     assert config["settings"]["episode_length"] == 16
     assert list((trained / "checkpoints").glob("*.zip"))
 
@@ -107,7 +109,7 @@ def test_train_resumes_from_a_checkpoint(trained, tmp_path):
         "--no-progress",
     )
     assert proc.returncode == 0, proc.stderr
-    config = json.loads((tmp_path / "bursty-ppo-seed0" / "config.json").read_text())
+    config = json.loads((tmp_path / "prefix-ppo-seed0" / "config.json").read_text())
     assert config["timesteps"] > 128 and config["resumed_from"] == str(checkpoint)
 
 
@@ -120,9 +122,12 @@ def test_evaluate_writes_table_and_plots(trained, tmp_path):
         "--seeds",
         "2",
         *TINY,
+        "--scenarios",
+        "prefix",
         "--routers",
         "jsq",
         "weighted-skew",
+        "sglang-cache-aware",
         "--regime-grid",
         "tiny",
         "--regime-seeds",
@@ -134,12 +139,14 @@ def test_evaluate_writes_table_and_plots(trained, tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     md = (out / "results.md").read_text()
-    assert "| round-robin |" in md and "| learned-ppo |" in md and "## Summary" in md
+    assert "| round-robin |" in md and "| learned-ppo |" in md and "| sglang-cache-aware |" in md
+    assert "## Summary" in md
     csv = (out / "results.csv").read_text().splitlines()
     assert csv[0].startswith("scenario,router,objective") and any(",round-robin," in line for line in csv)
     result = json.loads((out / "results.json").read_text())
-    assert result["complete"] and result["summary"][0].startswith("bursty: best is")
-    for png in ("latency_cdf_bursty.png", "load_share_bursty.png", "regime_map.png"):
+    assert result["complete"] and result["summary"][0].startswith("prefix: best is")
+    assert {"cache_hit_rate", "ttft_mean"} <= set(result["rows"][0])
+    for png in ("latency_cdf_prefix.png", "load_share_prefix.png", "regime_map.png"):
         assert (out / png).stat().st_size > 1000
     assert not list(out.glob(".partial-*"))
 
