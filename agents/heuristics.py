@@ -56,14 +56,16 @@ class Router:
         """[B, N] requests running or waiting on each node."""
         return view.running + view.waiting
 
-    def argmin(self, score: np.ndarray, mask: np.ndarray) -> np.ndarray:
-        """Per environment, the allowed node of least `score`; exact ties go to a rotating offset."""
+    def argmin(self, score: np.ndarray, mask: np.ndarray, *then: np.ndarray) -> np.ndarray:
+        """Per environment, the allowed node of least `score`; exact ties go to the least of each
+        key in `then` in turn (compared exactly, in float64), then to a rotating offset."""
         n = self.n_nodes
         rotation = (np.arange(n)[None, :] - self.counter[:, None]) % n
-        allowed = mask & np.isfinite(score)
-        allowed = np.where(allowed.any(axis=1, keepdims=True), allowed, True)
-        key = np.where(allowed, score, np.inf)
-        tied = allowed & (key == key.min(axis=1, keepdims=True))
+        tied = mask & np.isfinite(score)
+        tied = np.where(tied.any(axis=1, keepdims=True), tied, True)
+        for key in (score, *then):
+            k = np.where(tied, np.asarray(key, dtype=np.float64), np.inf)
+            tied &= k == k.min(axis=1, keepdims=True)
         return np.argmin(np.where(tied, rotation, n), axis=1)
 
 
@@ -101,7 +103,7 @@ class LeastTokens(Router):
     name = "least-tokens"
 
     def act(self, view, mask):
-        return self.argmin(view.prefill_tokens + 1e-3 * self.outstanding(view), mask)
+        return self.argmin(view.prefill_tokens, mask, self.outstanding(view))
 
 
 class PowerOfTwo(Router):
@@ -127,7 +129,7 @@ class LeastKV(Router):
     name = "least-kv"
 
     def act(self, view, mask):
-        return self.argmin(view.kv_util + 1e-6 * self.outstanding(view), mask)
+        return self.argmin(view.kv_util, mask, self.outstanding(view))
 
 
 class WeightedSkew(Router):
@@ -181,7 +183,7 @@ class SoonestBatch(Router):
 
     def act(self, view, mask):
         forming = (view.phase == IDLE) & (view.waiting > 0) & mask
-        join = self.argmin(-(view.window_age + 1e-6 * view.waiting), forming)
+        join = self.argmin(-view.window_age, forming, -view.waiting)
         spread = self.argmin(self.outstanding(view), mask)
         return np.where(forming.any(axis=1), join, spread)
 

@@ -40,8 +40,7 @@ class SGLangCacheAware(Router):
 
     def act(self, view, mask):
         load = self.outstanding(view)
-        lo = np.where(mask, load, np.inf).min(axis=1)
-        hi = np.where(mask, load, -np.inf).max(axis=1)
+        lo, hi = load.min(axis=1), load.max(axis=1)  # over every worker, healthy or not
         imbalanced = (hi - lo > self.balance_abs) & (hi > self.balance_rel * lo)
         rate = _match_rate(view)
         best = self.argmin(-rate, mask)
@@ -68,8 +67,7 @@ class DynamoKV(Router):
         prefill = (view.prefill_tokens + uncached) / block
         decode = view.kv_used + np.ceil(view.prompt[:, None] / block)
         cost = self.overlap_weight * prefill + decode
-        tie = view.cached_tokens / (1.0 + view.cached_tokens.max(axis=1, keepdims=True))
-        return self.argmin(cost + 1e-6 * tie, mask)
+        return self.argmin(cost, mask, view.cached_tokens)
 
 
 class LLMD(Router):
@@ -94,8 +92,7 @@ class LLMD(Router):
         queue = np.where(spread > 0, (qmax - view.waiting) / np.where(spread > 0, spread, 1.0), 1.0)
         wp, wk, wq = self.weights
         score = wp * prefix + wk * kv + wq * queue
-        noise = self.rng.random(score.shape) * 1e-9  # random tie-break
-        return self.argmin(-(score + noise), mask)
+        return self.argmin(-score, mask, self.rng.random(score.shape))  # random tie-break
 
 
 class AIBrixPrefix(Router):
@@ -115,8 +112,10 @@ class AIBrixPrefix(Router):
         r = np.where(mask, running, np.nan)
         imbalanced = np.nanmax(r, axis=1) - np.nanmin(r, axis=1) > self.imbalance
         least_running = self.argmin(running, mask)
-        calm = mask & (running <= np.nanmean(r, axis=1, keepdims=True)
-                       + self.std_factor * np.nanstd(r, axis=1, keepdims=True))
+        n = np.maximum(mask.sum(axis=1, keepdims=True), 1)
+        mean = np.where(mask, running, 0.0).sum(axis=1, keepdims=True) / n
+        var = np.where(mask, (running - mean) ** 2, 0.0).sum(axis=1, keepdims=True) / np.maximum(n - 1, 1)
+        calm = mask & (running <= mean + self.std_factor * np.sqrt(var))  # sample std, as AIBrix
         calm = np.where(calm.any(axis=1, keepdims=True), calm, mask)
         rate = np.where(calm, _match_rate(view), -1.0)
         best = self.argmin(-rate, calm)

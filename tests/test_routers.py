@@ -160,3 +160,26 @@ def test_prefix_hash_is_sticky_and_walks_past_full_nodes():
     assert (moved != first).all() and mask[np.arange(40), moved].all()
     # no prefix: fewest requests
     assert pick("prefix-hash", view(running=[[3, 1, 2, 2]]))[0] == 1
+
+
+def test_secondary_keys_are_exact_tie_breaks_in_float32():
+    def f32(v: RouterView) -> RouterView:
+        return RouterView(*(x.astype(np.float32) if x.dtype == np.float64 else x for x in v))
+
+    # one KV block less (of 28755) beats 40 fewer requests: KV usage first, requests only on ties
+    v = f32(view(kv_used=[[1000, 1001, 9000, 9000]], kv_util=[[1000 / 28755, 1001 / 28755, 0.3, 0.3]],
+                 running=[[40, 0, 0, 0]]))
+    assert pick("least-kv", v)[0] == 0
+    # equal prompt backlogs too large for an additive epsilon in float32: fewer requests wins
+    v = f32(view(prefill_tokens=[[70000, 70000, 90000, 90000]], running=[[3, 1, 0, 0]]))
+    assert pick("least-tokens", v)[0] == 1
+
+
+def test_sglang_sees_imbalance_on_every_worker_and_aibrix_uses_the_sample_std():
+    # the full (masked) worker still counts for imbalance, as in SGLang: 200 - 10 > 64, 200 > 15
+    mask = np.array([[True, True, True, False]])
+    v = view(running=[[10, 12, 14, 200]], hit_tokens=[[0, 0, 900, 900]])
+    assert pick("sglang-cache-aware", v, mask)[0] == 0
+    # loads [0, 0, 6, 7]: mean + sample std = 7.02 keeps node 3 (population std: 6.52 would not)
+    v = view(running=[[0, 0, 6, 7]], hit_tokens=[[0, 0, 0, 900]])
+    assert pick("aibrix-prefix", v)[0] == 3
