@@ -27,7 +27,8 @@ def _match_rate(view: RouterView) -> np.ndarray:
 class SGLangCacheAware(Router):
     """SGLang router `cache_aware` policy (sgl-project/sglang, sgl-router/src/policies/
     cache_aware.rs at commit 026f853; router defaults cache_threshold 0.3, balance_abs_threshold
-    64, balance_rel_threshold 1.5; older releases used 0.5 / 32 / 1.0001). Load is the requests the router has in flight on a worker.
+    64, balance_rel_threshold 1.5; older releases used 0.5 / 32 / 1.0001). Load is the
+    requests the router has in flight on a worker.
     When the load is imbalanced (max - min > abs and max > rel * min) the request goes to the
     least loaded worker; otherwise to the worker with the longest prefix match if its match rate
     exceeds cache_threshold, else to the worker with the smallest tree (least cached)."""
@@ -52,7 +53,8 @@ class SGLangCacheAware(Router):
 
 class DynamoKV(Router):
     """NVIDIA Dynamo KV router, default worker selector (ai-dynamo/dynamo, lib/llm/src/kv_router/
-    scheduler.rs at commit db19bd2a): cost = overlap_weight x prefill blocks + decode blocks, where prefill
+    scheduler.rs at commit db19bd2a): cost = overlap_weight x prefill blocks + decode blocks,
+    where prefill
     blocks are the worker's queued prefill tokens plus this request's uncached tokens, over the
     block size, and decode blocks are the worker's active KV blocks plus this request's blocks;
     the least cost wins (temperature 0), ties to the worker with the smallest tree."""
@@ -98,7 +100,8 @@ class LLMD(Router):
 
 class AIBrixPrefix(Router):
     """AIBrix prefix-cache routing (vllm-project/aibrix, pkg/plugins/gateway/algorithms/
-    prefix_cache.go at commit 429c45e; later commits changed the imbalance gate): when the running requests are imbalanced (max - min > 8) the pod
+    prefix_cache.go at commit 429c45e; later commits changed the imbalance gate): when the
+    running requests are imbalanced (max - min > 8) the pod
     with the fewest running requests; otherwise, among pods whose running requests are at most
     mean + 1 standard deviation, the one with the longest prefix match; with no match anywhere,
     the pod with the fewest requests."""
