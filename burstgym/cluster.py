@@ -208,21 +208,20 @@ def _handle_events(
     if geo is not None:
         private = jax.vmap(scheduler.kv_blocks_used)(new_slots, geo.chunks, params.nodes.block_size)
         held_blocks = jax.vmap(lambda k, b: pc.usage(k, b)[0])(plan.cache, geo.blocks_u)
-        held = jax.vmap(pc.present)(plan.cache)
     else:
         private = jax.vmap(scheduler.kv_blocks_used, in_axes=(0, None, 0))(
             new_slots, None, params.nodes.block_size
         )
-        held_blocks, held = 0, None
+        held_blocks = 0
     free = params.nodes.kv_blocks - private - held_blocks
     room = until - tau
     if geo is None:
-        run = jax.vmap(lambda pl, k, r, f: scheduler.decode_run(pl, k, r, f, mode, None, None))(
+        run = jax.vmap(lambda pl, k, r, f: scheduler.decode_run(pl, k, r, f, mode, None))(
             plan, ncfg, room, free
         )
     else:
-        run = jax.vmap(lambda pl, k, r, f, ch, h: scheduler.decode_run(pl, k, r, f, mode, ch, h))(
-            plan, ncfg, room, free, geo.chunks, held
+        run = jax.vmap(lambda pl, k, r, f, ch: scheduler.decode_run(pl, k, r, f, mode, ch))(
+            plan, ncfg, room, free, geo.chunks
         )
     slots = tree_where(start_ok, new_slots, slots)
     if cfg.prefix_caching:
@@ -242,9 +241,9 @@ def _handle_events(
         batch_prompt=jnp.where(started, plan.batch_prompt, nodes.batch_prompt),
         prefill_tokens=nodes.prefill_tokens
         + jnp.where(started, plan.shape.prefill_tokens, 0).astype(jnp.int32),
-        saved_tokens=nodes.saved_tokens + jnp.where(start_ok, stats.saved, 0),
-        hit_tokens=nodes.hit_tokens + jnp.where(start_ok, stats.first_hit, 0),
-        admitted_prompt=nodes.admitted_prompt + jnp.where(start_ok, stats.first_prompt, 0),
+        saved_tokens=nodes.saved_tokens + jnp.where(start_ok, stats.saved, 0).astype(jnp.int32),
+        hit_tokens=nodes.hit_tokens + jnp.where(start_ok, stats.first_hit, 0).astype(jnp.int32),
+        admitted_prompt=nodes.admitted_prompt + jnp.where(start_ok, stats.first_prompt, 0).astype(jnp.int32),
     )
     return Cluster(slots, nodes, cache), acc
 

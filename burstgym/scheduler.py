@@ -468,17 +468,17 @@ def decode_run(
     free_blocks: jax.Array,
     mode: str,
     chunks: Chunks | None,
-    held: jax.Array | None,
 ) -> Run:
     """Fold a stretch of identical decode iterations into one event.
 
     When the planned iteration only decodes (no prefill, no admission, no preemption), the
     iterations after it compute the same rows, each over one more KV token per row, until the
-    batch changes: a request finishes (continuous, unpadded dynamic: the run ends with the
-    finishing iteration; padded dynamic: rows stay, so the run goes on to the batch's end), a KV
-    block runs short (continuous), a chunk already cached elsewhere would be completed (prefix
-    caching: completing it frees blocks), or the next arrival comes. Step time is affine in
-    `kv_tokens` at a fixed batch (burstgym.latency), so m iterations take
+    batch changes: a request finishes (the run ends with the finishing iteration; with padding
+    the rows stay, but the finished member leaves the node, which the latency accrual counts), a
+    KV block runs short (continuous), a prefix chunk would be completed (prefix caching: the plan
+    of that iteration pins it, and a duplicate of a cached chunk frees blocks), or the next
+    arrival comes. Step time is affine in `kv_tokens` at a fixed batch (burstgym.latency), so m
+    iterations take
     `m d0 + b m (m - 1) / 2` and the node can jump to their end in one event; every iteration
     still happens, with the same duration up to rounding, and finishes inside the run keep their
     own times (`finish_iteration`). `mode` is "continuous", "padded" or "unpadded". `room` is the
@@ -496,11 +496,7 @@ def decode_run(
         & ~(running & (new.generated == 0)).any()
         & (plan.shape.prefill_tokens == 0)
     )
-    left = jnp.where(running, new.output - new.generated, 0)
-    if mode == "padded":
-        m_batch = jnp.max(left)
-    else:
-        m_batch = jnp.min(jnp.where(running, left, _MAX_RUN))
+    m_batch = jnp.min(jnp.where(running, new.output - new.generated, _MAX_RUN))
     rows = plan.shape.decode_seqs
     if mode == "continuous":
         # Over m iterations each sequence needs at most m // block_size + 1 new blocks.
@@ -509,12 +505,12 @@ def decode_run(
     else:
         m_kv = jnp.int32(_MAX_RUN)
     if chunks is not None:
-        # The run must not complete a chunk the node already holds (iterations 2..m).
+        # The run must not complete a chunk (iterations 2..m): each is pinned by its iteration's plan.
         nxt = jnp.minimum(new.pin, chunks.ids.shape[1] - 1)
         nxt_id = jnp.take_along_axis(chunks.ids, nxt[:, None], axis=1)[:, 0]
         nxt_end = jnp.take_along_axis(chunks.end, nxt[:, None], axis=1)[:, 0]
-        dup = running & (new.pin < chunks.ids.shape[1]) & (nxt_id >= 0) & held[jnp.maximum(nxt_id, 0)]
-        m_kv = jnp.minimum(m_kv, jnp.min(jnp.where(dup, nxt_end - new.computed - 1, _MAX_RUN)))
+        ahead = running & (new.pin < chunks.ids.shape[1]) & (nxt_id >= 0)
+        m_kv = jnp.minimum(m_kv, jnp.min(jnp.where(ahead, nxt_end - new.computed - 1, _MAX_RUN)))
     d0 = plan.duration
     kv0 = plan.shape.kv_tokens
     b = jnp.maximum(cfg.speed * step_time(cfg.latency, 0.0, rows, kv0 + rows, 0.0) - d0, 0.0)
