@@ -63,16 +63,20 @@ def single_rate(scenario: str, settings: dict, episodes: int) -> float:
 def reference_rate(scenario: str, settings: dict, episodes: int) -> float:
     """Decisions per second of the reference simulator on the same streams, round-robin routed."""
     env = BurstBalanceEnv(scenario, **settings)
-    nodes = reference.nodes_from_params(env.cfg.scheduler, env.params)
+    nodes = reference.nodes_from_params(env.cfg, env.params)
     total, elapsed = 0, 0.0
     for ep in range(episodes):
         _, state = env.core.reset(jax.random.key(ep), env.params)
-        arrival, prompt, output = (np.asarray(x) for x in state.requests)
-        actions = np.arange(len(arrival)) % len(nodes)
+        req = jax.tree.map(np.asarray, state.requests)
+        e = env.cfg.episode_length
+        actions = np.arange(e) % len(nodes)
         start = time.perf_counter()
-        reference.simulate(nodes, arrival, prompt, output, actions)
+        reference.simulate(
+            nodes, req.arrival[:e], req.prompt[:e], req.output[:e], actions, chunk_ids=req.chunk_ids[:e],
+            id_tokens=req.id_tokens[:e], chunk_tokens=req.chunk_tokens, grain=env.cfg.chunk_tokens,
+        )
         elapsed += time.perf_counter() - start
-        total += len(arrival)
+        total += e
     return total / elapsed
 
 

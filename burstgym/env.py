@@ -63,7 +63,8 @@ def service_times(requests: Requests, params: EnvParams, cfg: EnvConfig) -> Serv
     """Each request's TTFT and e2e alone on an idle node with an empty cache (the fastest node).
 
     Continuous batching prefills the prompt in chunks of the token budget; dynamic batching
-    prefills it in one iteration. Then O - 1 decode iterations read P, P + 1, ... KV tokens;
+    prefills it in one iteration. A one-token last chunk (or prompt) is a decode step, as the
+    schedulers classify it. Then O - 1 decode iterations read P, P + 1, ... KV tokens;
     a decode step is affine in its KV tokens at batch 1 (burstgym.latency), so their sum is
     (O - 1) d(P) + (d(P + 1) - d(P)) (O - 1)(O - 2) / 2.
     """
@@ -83,12 +84,16 @@ def service_times(requests: Requests, params: EnvParams, cfg: EnvConfig) -> Serv
                 done, t = c
                 n = jnp.clip(prompt - done, 0.0, chunk)
                 pairs = n * (done + (n + 1.0) / 2.0)
-                t = t + jnp.where(n > 0, speed * step_time(lat, n, 0.0, 0.0, pairs), 0.0)
+                one = (n == 1.0) & (done == prompt - 1.0)
+                d = jnp.where(one, step_time(lat, 0.0, 1.0, done, 0.0), step_time(lat, n, 0.0, 0.0, pairs))
+                t = t + jnp.where(n > 0, speed * d, 0.0)
                 return done + n, t
 
             _, ttft = jax.lax.while_loop(cond, body, (jnp.zeros_like(prompt), jnp.zeros_like(prompt)))
         else:
-            ttft = speed * step_time(lat, prompt, 0.0, 0.0, prompt * (prompt + 1.0) / 2.0)
+            one = prompt <= 1.0
+            pf = jnp.where(one, 0.0, prompt)
+            ttft = speed * step_time(lat, pf, jnp.where(one, 1.0, 0.0), 0.0, pf * (pf + 1.0) / 2.0)
         d0 = speed * step_time(lat, 0.0, 1.0, prompt, 0.0)
         slope = speed * step_time(lat, 0.0, 1.0, prompt + 1.0, 0.0) - d0
         return ttft, ttft + steps * d0 + slope * steps * (steps - 1.0) / 2.0

@@ -339,9 +339,11 @@ def plan_continuous(
         held_now, _ = pc.usage(cache, blocks_u)
         cache = pc.evict(cache, grown + held_now - cfg.kv_blocks, blocks_u)
         # 3. Admission, one by one, only when nothing was preempted.
-        budget_left = jnp.where(n_pre == 0, cfg.max_num_batched_tokens - t.sum(), 0)
+        # (int32 carries: under x64 the sums would be int64 and scatter into int32 slots.)
+        budget_left = jnp.where(n_pre == 0, cfg.max_num_batched_tokens - t.sum(), 0).astype(jnp.int32)
+        n_kept = kept.sum().astype(jnp.int32)
         slots, cache, admitted, stats = _admit_cached(
-            slots, cache, chunks, blocks_u, grown, budget_left, kept.sum(), cfg
+            slots, cache, chunks, blocks_u, grown.astype(jnp.int32), budget_left, n_kept, cfg
         )
     else:
         free_after = empty + jnp.where(preempted, private, 0).sum() - jnp.where(kept, extra, 0).sum()
@@ -478,11 +480,10 @@ def decode_run(
     KV block runs short (continuous), a prefix chunk would be completed (prefix caching: the plan
     of that iteration pins it, and a duplicate of a cached chunk frees blocks), or the next
     arrival comes. Step time is affine in `kv_tokens` at a fixed batch (burstgym.latency), so m
-    iterations take
-    `m d0 + b m (m - 1) / 2` and the node can jump to their end in one event; every iteration
-    still happens, with the same duration up to rounding, and finishes inside the run keep their
-    own times (`finish_iteration`). `mode` is "continuous", "padded" or "unpadded". `room` is the
-    time left before the next arrival; `free_blocks` the blocks free after this plan.
+    iterations take `m d0 + b m (m - 1) / 2` and the node can jump to their end in one event;
+    every iteration still happens, with the same duration up to rounding (`finish_iteration`).
+    `mode` is "continuous", "padded" or "unpadded". `room` is the time left before the next
+    arrival; `free_blocks` the blocks free after this plan.
     """
     new = plan.slots
     running = new.status == RUNNING
