@@ -158,6 +158,19 @@ def read_json(path: Path) -> Any:
         raise ValueError(f"{path}: malformed JSON ({err})") from err
 
 
+def resolve_json(name_or_path: str | Path, directory: Path, kind: str, known: list[str]) -> Path:
+    """The JSON file of a shipped `kind` called `name_or_path` in `directory`, or the path given;
+    an unknown name lists the `known` ones, a missing file is named."""
+    path = Path(name_or_path)
+    if path.suffix != ".json":
+        path = directory / f"{name_or_path}.json"
+        if not path.exists():
+            raise ValueError(f"unknown {kind} {str(name_or_path)!r}; known: {', '.join(known)}")
+    if not path.exists():
+        raise ValueError(f"{kind} file {path} does not exist")
+    return path
+
+
 def load_model_config(name_or_path: str | Path) -> ModelConfig:
     """A shipped architecture by name (``llama-3-8b``) or any Hugging Face ``config.json`` path."""
     path = Path(name_or_path)

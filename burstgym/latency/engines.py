@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from burstgym.latency.configs import ModelConfig, read_json
+from burstgym.latency.configs import ModelConfig, read_json, resolve_json
 from burstgym.latency.model import LatencyModel
 
 ENGINES_DIR = Path(__file__).resolve().parent / "engines"
@@ -139,13 +139,7 @@ def load_engine(name_or_path: str | Path | Engine) -> Engine:
         return name_or_path
     if str(name_or_path) == KERNELS_ENGINE:
         return KERNELS
-    path = Path(name_or_path)
-    if path.suffix != ".json":
-        path = ENGINES_DIR / f"{name_or_path}.json"
-        if not path.exists():
-            raise ValueError(f"unknown engine {str(name_or_path)!r}; known: {', '.join(list_engines())}")
-    if not path.exists():
-        raise ValueError(f"engine file {path} does not exist")
+    path = resolve_json(name_or_path, ENGINES_DIR, "engine", list_engines())
     return engine_from_dict(read_json(path), str(path))
 
 

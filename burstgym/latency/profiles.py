@@ -18,7 +18,7 @@ from typing import Any
 import jax.numpy as jnp
 from jax.typing import ArrayLike
 
-from burstgym.latency.configs import ModelConfig, read_json
+from burstgym.latency.configs import ModelConfig, read_json, resolve_json
 from burstgym.latency.engines import (
     DEFAULT_ENGINE,
     Engine,
@@ -402,13 +402,7 @@ def load_profile(name_or_path: str | Path, engine: Engine | str | None = None) -
         engine (``DEFAULT_ENGINE``), one written by ``python -m burstgym.calibrate fit-serving``
         with the engine fitted to its measurements.
     """
-    path = Path(name_or_path)
-    if path.suffix != ".json":
-        path = PROFILES_DIR / f"{name_or_path}.json"
-        if not path.exists():
-            raise ValueError(f"unknown profile {str(name_or_path)!r}; known: {', '.join(list_profiles())}")
-    if not path.exists():
-        raise ValueError(f"profile file {path} does not exist")
+    path = resolve_json(name_or_path, PROFILES_DIR, "profile", list_profiles())
     profile = profile_from_dict(read_json(path), str(path))
     if engine is None:
         return profile
