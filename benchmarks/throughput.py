@@ -54,7 +54,8 @@ def single_rate(scenario: str, settings: dict, episodes: int) -> float:
         env.reset(seed=ep)
         done, k = False, 0
         while not done:
-            _, _, _, done, _ = env.step(k % n_nodes)
+            _, _, terminated, truncated, _ = env.step(k % n_nodes)
+            done = terminated or truncated
             k += 1
         steps += k if ep else 0
     return steps / (time.perf_counter() - start)
