@@ -37,6 +37,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 from rich.console import Console  # noqa: E402
+from scipy import stats  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from agents.cli import parse_settings  # noqa: E402
@@ -66,8 +67,13 @@ METRICS = (
     "cache_hit_rate",
     "saved_tokens",
 )
-BALANCING = ("round-robin", "jsq")
-SKEWING = ("weighted-skew", "pack-load", "soonest-batch")
+# Paired over seeds against round-robin (besides the objective): where affinity pays, and at what hit rate.
+PAIRED_METRICS = ("ttft_mean", "e2e_mean", "cache_hit_rate")
+# Percentiles over the pooled requests of all seeds (replacing the per-episode means of METRICS).
+POOLED_PERCENTILES = {"e2e_p50": 50.0, "e2e_p99": 99.0, "ttft_p50": 50.0, "ttft_p99": 99.0}
+BALANCING = ("round-robin", "jsq", "least-tokens")
+SKEWING = ("weighted-skew", "pack-load", "soonest-batch")  # skew for bigger batches (or sleep)
+AFFINITY = ("sglang-cache-aware", "dynamo-kv", "llm-d", "aibrix-prefix", "prefix-hash")  # skew for cache hits
 # Burstiness levels of the regime map: a scenario and its arrival settings (Poisson, then on/off
 # bursts at 2x, 8x and 32x the base rate).
 ARRIVALS = {
@@ -76,17 +82,33 @@ ARRIVALS = {
     "bursts x8": ("bursty", {"burst_ratio": 8.0}),
     "bursts x32": ("bursty", {"burst_ratio": 32.0}),
 }
-GRIDS = {  # burstiness x load x batching regime; "tiny" is for smoke tests
-    "tiny": {"arrivals": ("bursts x8",), "loads": (0.3, 0.7), "schedulers": ("continuous",)},
+# burstiness x prefix sharing (scenarios.PREFIX_LEVELS; continuous batching only, as the prefix
+# cache is) x load x batching regime. "tiny" is for smoke tests; "prefix" is the load sweep of
+# cache affinity: where it pays and the load at which it tips into overload.
+GRIDS = {
+    "tiny": {
+        "arrivals": ("bursts x8",),
+        "prefix": ("none", "heavy"),
+        "loads": (0.3, 0.7),
+        "schedulers": ("continuous",),
+    },
     "small": {
         "arrivals": ("poisson", "bursts x8"),
+        "prefix": ("none", "heavy"),
         "loads": (0.3, 0.7),
         "schedulers": ("continuous", "dynamic"),
     },
     "large": {
         "arrivals": tuple(ARRIVALS),
+        "prefix": tuple(scenarios.PREFIX_LEVELS),
         "loads": (0.2, 0.4, 0.6, 0.8, 1.0),
         "schedulers": ("continuous", "dynamic"),
+    },
+    "prefix": {
+        "arrivals": ("bursts x8",),
+        "prefix": tuple(scenarios.PREFIX_LEVELS),
+        "loads": (0.3, 0.5, 0.7, 0.9, 1.1),
+        "schedulers": ("continuous",),
     },
 }
 console = Console()
@@ -96,6 +118,34 @@ def paired(x: np.ndarray, base: np.ndarray) -> tuple[float, float, float]:
     """Mean paired difference x - base, its 95% CI half-width, and the difference in % of base."""
     d, half = ci95(x - base)
     return d, half, 100.0 * d / float(np.mean(base))
+
+
+def pooled_percentile(latency: np.ndarray, q: float, n_resamples: int = 999) -> tuple[float, float]:
+    """The q-th percentile of the served requests of all seeds pooled ([S, E], NaN = not served),
+    and the half-width of its 95% bootstrap CI resampling whole seeds (requests of one episode
+    are correlated, seeds are independent). A per-episode p99 of a 256-request episode is about its
+    third-largest sample; pooling uses every request."""
+    per_seed = [row[np.isfinite(row)] for row in np.asarray(latency, dtype=np.float64)]
+    if not any(x.size for x in per_seed):
+        return float("nan"), float("nan")
+
+    def statistic(idx: np.ndarray) -> float:
+        pooled = np.concatenate([per_seed[i] for i in idx.astype(int)])
+        return float(np.percentile(pooled, q)) if pooled.size else np.nan
+
+    value = statistic(np.arange(len(per_seed)))
+    if len(per_seed) < 2:
+        return value, float("nan")
+    res = stats.bootstrap(
+        (np.arange(len(per_seed)),),
+        statistic,
+        vectorized=False,
+        n_resamples=n_resamples,
+        method="percentile",
+        random_state=0,
+    )
+    lo, hi = res.confidence_interval
+    return value, float((hi - lo) / 2)
 
 
 def scenario_rows(scenario: str, results: dict[str, Episodes]) -> list[dict[str, Any]]:
@@ -117,6 +167,11 @@ def scenario_rows(scenario: str, results: dict[str, Episodes]) -> list[dict[str,
         }
         for m in METRICS:
             row[m], row[f"{m}_ci"] = ci95(ep.metrics[m])
+        for m in PAIRED_METRICS:
+            row[f"{m}_vs_rr"], row[f"{m}_vs_rr_ci"] = ci95(ep.metrics[m] - results[BASELINE].metrics[m])
+        for m, q in POOLED_PERCENTILES.items():
+            latency = ep.ttft if m.startswith("ttft") else ep.e2e
+            row[m], row[f"{m}_ci"] = pooled_percentile(latency, q)
         row["load_share"] = np.mean(ep.metrics["load_share"], axis=0).round(4).tolist()
         rows.append(row)
     return rows
@@ -184,39 +239,75 @@ def plot_share(path: Path, scenario: str, results: dict[str, Episodes]) -> None:
     plt.close(fig)
 
 
+def regime_cells(grid: dict) -> list[tuple[str, str, float, str]]:
+    """The (arrivals, prefix level, load, scheduler) cells of `grid`; prefix sharing other than
+    "none" only under continuous batching, the one regime with a prefix cache."""
+    levels = grid.get("prefix", ("none",))
+    return [
+        (a, level, load, s)
+        for s in grid["schedulers"]
+        for a in grid["arrivals"]
+        for level in levels
+        if s == "continuous" or level == "none"
+        for load in grid["loads"]
+    ]
+
+
 def regime_map(
     grid: dict, settings: dict[str, Any], seeds: list[int], learned: PolicyRouter | None
 ) -> pd.DataFrame:
-    """Best skew-taking heuristic against best balancing heuristic in each cell of the grid.
+    """Best skew-taking router against best balancing router in each cell of the grid.
 
-    The learned router, when given, is measured against the same best balancing router in its
-    own columns: whether it skews is what it learned, not something to assume.
+    Two mechanisms take skew: bigger batches (weighted-skew, pack-load, soonest-batch) and, where
+    prompts share prefixes, cache affinity (the production routers). Each family's best is compared
+    with the best balancing router by a paired difference over the same seeds; `best_skew` is the
+    better of the two. The learned router, when given, is measured against the same best balancing
+    router in its own columns: whether it skews is what it learned, not something to assume.
     """
     rows = []
-    cells = [(a, load, s) for s in grid["schedulers"] for a in grid["arrivals"] for load in grid["loads"]]
-    for arrivals, load, scheduler in tqdm(cells, desc="regime map", unit="cell"):
+    for arrivals, level, load, scheduler in tqdm(regime_cells(grid), desc="regime map", unit="cell"):
         scenario, arrival_settings = ARRIVALS[arrivals]
-        cell = {**settings, **arrival_settings, "load": load, "scheduler": scheduler}
+        cell = {
+            **settings,
+            **arrival_settings,
+            **scenarios.PREFIX_LEVELS[level],
+            "load": load,
+            "scheduler": scheduler,
+        }
         n_nodes = scenarios.settings_for(scenario, **cell)[1].n_nodes
         # soonest-batch is join-the-shortest-queue without a batching window: only a skew router on "dynamic"
-        skewing = SKEWING if scheduler == "dynamic" else tuple(n for n in SKEWING if n != "soonest-batch")
-        routers = [make_router(n, n_nodes) for n in BALANCING + skewing]
+        batching = SKEWING if scheduler == "dynamic" else tuple(n for n in SKEWING if n != "soonest-batch")
+        affinity = AFFINITY if level != "none" else ()
+        routers = [make_router(n, n_nodes) for n in BALANCING + batching + affinity]
         if learned is not None:
             routers.append(learned)
         res = Rollout(scenario, **cell).run(routers, seeds)
         bal = min(BALANCING, key=lambda n: res[n].cost.mean())
-        skew = min(skewing, key=lambda n: res[n].cost.mean())
-        d, half, pct = paired(res[skew].cost, res[bal].cost)
-        row = {
+        row: dict[str, Any] = {
             "arrivals": arrivals,
+            "prefix": level,
             "load": load,
             "scheduler": scheduler,
             "best_balancing": bal,
-            "best_skew": skew,
-            "skew_vs_balancing_pct": pct,
-            "ci_pct": 100 * half / res[bal].cost.mean(),
-            "significant": bool(abs(d) > half),
         }
+        for family, names in (("batching", batching), ("affinity", affinity)):
+            if not names:
+                row.update({f"best_{family}": None, f"{family}_vs_balancing_pct": np.nan})
+                row.update({f"{family}_ci_pct": np.nan, f"{family}_significant": False})
+                continue
+            best = min(names, key=lambda n: res[n].cost.mean())
+            d, half, pct = paired(res[best].cost, res[bal].cost)
+            row[f"best_{family}"] = best
+            row[f"{family}_vs_balancing_pct"] = pct
+            row[f"{family}_ci_pct"] = 100 * half / res[bal].cost.mean()
+            row[f"{family}_significant"] = bool(abs(d) > half)
+        cost = {f: res[row[f"best_{f}"]].cost.mean() for f in ("batching", "affinity") if row[f"best_{f}"]}
+        mechanism = min(cost, key=cost.get)
+        row["mechanism"] = mechanism
+        row["best_skew"] = row[f"best_{mechanism}"]
+        row["skew_vs_balancing_pct"] = row[f"{mechanism}_vs_balancing_pct"]
+        row["ci_pct"] = row[f"{mechanism}_ci_pct"]
+        row["significant"] = row[f"{mechanism}_significant"]
         if learned is not None:
             d, half, pct = paired(res[learned.name].cost, res[bal].cost)
             row["learned_vs_balancing_pct"] = pct
@@ -228,36 +319,56 @@ def regime_map(
     return pd.DataFrame(rows)
 
 
+def regime_matrix(sub: pd.DataFrame) -> tuple[list[str], list[float], np.ndarray]:
+    """Rows (burstiness / prefix sharing), columns (loads) and colour values of one batching regime's
+    cells: the best skew-taking router's % change against the best balancing one, NaN (no colour)
+    where the paired 95% CI includes zero, so that no such cell can be read as a result."""
+    labels = list(
+        dict.fromkeys(f"{a} / prefix {p}" for a, p in zip(sub["arrivals"], sub["prefix"], strict=True))
+    )
+    loads = sorted(set(sub["load"]))
+    z = np.full((len(labels), len(loads)), np.nan)
+    for _, r in sub.iterrows():
+        if r["significant"]:
+            z[labels.index(f"{r['arrivals']} / prefix {r['prefix']}"), loads.index(r["load"])] = r[
+                "skew_vs_balancing_pct"
+            ]
+    return labels, loads, z
+
+
 def plot_regime(path: Path, df: pd.DataFrame) -> None:
+    """One panel per batching regime (`regime_matrix`); cells whose CI includes zero are hatched grey."""
     schedulers = list(dict.fromkeys(df["scheduler"]))
-    fig, axes = plt.subplots(1, len(schedulers), figsize=(5.5 * len(schedulers), 3.8), squeeze=False)
-    lim = max(1.0, float(np.nanmax(np.abs(df["skew_vs_balancing_pct"]))))
+    panels = {s: regime_matrix(df[df["scheduler"] == s]) for s in schedulers}
+    height = max(3.8, 0.6 * max(len(p[0]) for p in panels.values()) + 1.5)
+    fig, axes = plt.subplots(1, len(schedulers), figsize=(5.8 * len(schedulers), height), squeeze=False)
+    values = np.concatenate([p[2].ravel() for p in panels.values()])
+    lim = max(1.0, float(np.nanmax(np.abs(values)))) if np.isfinite(values).any() else 1.0
+    im = None
     for ax, sched in zip(axes[0], schedulers, strict=True):
-        sub = df[df["scheduler"] == sched]
-        arrivals = list(dict.fromkeys(sub["arrivals"]))
-        loads = sorted(set(sub["load"]))
-        z = np.full((len(arrivals), len(loads)), np.nan)
-        for _, r in sub.iterrows():
-            i, j = arrivals.index(r["arrivals"]), loads.index(r["load"])
-            z[i, j] = r["skew_vs_balancing_pct"]
-            star = "*" if r["significant"] else ""
-            ax.text(
-                j,
-                i,
-                f"{r['best_skew']}\n{r['skew_vs_balancing_pct']:+.1f}%{star}",
-                ha="center",
-                va="center",
-                fontsize=7,
-            )
+        labels, loads, z = panels[sched]
+        for _, r in df[df["scheduler"] == sched].iterrows():
+            i, j = labels.index(f"{r['arrivals']} / prefix {r['prefix']}"), loads.index(r["load"])
+            pct, ci = r["skew_vs_balancing_pct"], r["ci_pct"]
+            if not r["significant"]:
+                hatch = plt.Rectangle((j - 0.5, i - 0.5), 1, 1, facecolor="0.85", hatch="//", edgecolor="0.6")
+                ax.add_patch(hatch)
+            text = f"{r['best_skew']}\n{pct:+.1f}% ±{ci:.1f}" + ("" if r["significant"] else "\nn.s.")
+            dark = r["significant"] and abs(pct) > lim / 2
+            ax.text(j, i, text, ha="center", va="center", fontsize=6.5, color="w" if dark else "k")
         im = ax.imshow(z, cmap="RdBu_r", vmin=-lim, vmax=lim, aspect="auto")
+        ax.set_xlim(-0.5, len(loads) - 0.5)
+        ax.set_ylim(len(labels) - 0.5, -0.5)
         ax.set_xticks(range(len(loads)), [f"{v:g}" for v in loads])
-        ax.set_yticks(range(len(arrivals)), arrivals)
+        ax.set_yticks(range(len(labels)), labels, fontsize=8)
         ax.set_xlabel("load (fraction of capacity)")
         ax.set_title(f"{sched} batching")
     fig.colorbar(
         im, ax=axes[0].tolist(), label="best skew-taking vs best balancing router: objective change (%)"
     )
-    fig.suptitle("Blue: skew pays; red: skew hurts; * paired 95% CI excludes 0", fontsize=9)
+    fig.suptitle(
+        "Blue: skew pays; red: skew hurts; hatched grey: paired 95% CI includes 0 (no result)", fontsize=9
+    )
     fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
 
@@ -271,26 +382,34 @@ def markdown(df: pd.DataFrame, lines: list[str]) -> str:
         "",
         "Mean ± 95% CI over seeds (common random numbers across routers). "
         "Objective: total latency + drop penalty + energy term (s), lower is better; "
-        "Δ vs RR: paired difference against round-robin.",
+        "Δ vs RR: paired difference against round-robin over the same seeds (objective; TTFT mean). "
+        "Percentiles (p50, p99) pool the served requests of all seeds; their CIs are bootstrap CIs "
+        "resampling seeds.",
         "",
     ]
     for scenario, sub in df.groupby("scenario", sort=False):
         out += [
             f"## {scenario}",
             "",
-            "| router | objective | Δ vs RR (paired) | TTFT mean (s) | TTFT p99 (s) | e2e p50 (s) "
-            "| e2e p99 (s) | SLO att. | drop rate | cache hit | J/request | skew |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|",
+            "| router | objective | Δ vs RR (paired) | TTFT mean (s) | Δ TTFT vs RR (s) | TTFT p99 (s) "
+            "| e2e p50 (s) | e2e p99 (s) | SLO att. | drop rate | cache hit | J/request | skew |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for _, r in sub.iterrows():
             cells = [
                 r["router"],
                 fmt(r["objective"], r["objective_ci"], 1),
                 f"{r['vs_rr_pct']:+.2f}% ({fmt(r['vs_rr'], r['vs_rr_ci'], 1)})",
+                fmt(r["ttft_mean"], r["ttft_mean_ci"]),
+                fmt(r["ttft_mean_vs_rr"], r["ttft_mean_vs_rr_ci"]),
                 *(
                     fmt(r[m], r[f"{m}_ci"])
                     for m in (
-                        "ttft_mean", "ttft_p99", "e2e_p50", "e2e_p99", "slo_attainment", "drop_rate",
+                        "ttft_p99",
+                        "e2e_p50",
+                        "e2e_p99",
+                        "slo_attainment",
+                        "drop_rate",
                         "cache_hit_rate",
                     )
                 ),

@@ -1,0 +1,129 @@
+"""evaluate.py's statistics and regime map: pooled percentiles with seed-bootstrap CIs, the paired
+TTFT and hit-rate columns, the prefix-sharing axis, and cells whose CI includes zero left uncoloured."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from agents.rollout import Episodes
+
+_spec = importlib.util.spec_from_file_location(
+    "_evaluate", Path(__file__).resolve().parents[1] / "evaluate.py"
+)
+evaluate = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(evaluate)
+
+
+def test_pooled_percentile_uses_every_served_request_of_all_seeds():
+    rng = np.random.default_rng(0)
+    lat = rng.exponential(1.0, (8, 256))
+    lat[0, :10] = np.nan  # dropped requests do not count
+    lat[3] = np.nan  # an episode that served nothing
+    value, half = evaluate.pooled_percentile(lat, 99.0)
+    assert value == pytest.approx(np.percentile(lat[np.isfinite(lat)], 99.0))
+    # not the mean of per-episode p99s, which differs on 256-request episodes
+    per_episode = np.nanmean([np.nanpercentile(r, 99.0) for r in lat if np.isfinite(r).any()])
+    assert value != pytest.approx(per_episode, rel=1e-6)
+    assert 0 < half < value
+
+
+def test_pooled_percentile_ci_resamples_whole_seeds():
+    # seed i serves every request in about i seconds: the pooled p99 (~9 s) is set by which seeds are
+    # drawn, so a seed bootstrap is wide (a resample without seed 9 has p99 ~8 s, probability 0.35);
+    # resampling single requests would give a CI of ~0.
+    rng = np.random.default_rng(2)
+    lat = np.arange(10.0)[:, None] + rng.normal(0.0, 0.01, (10, 100))
+    value, half = evaluate.pooled_percentile(lat, 99.0)
+    assert value == pytest.approx(9.0, abs=0.05)
+    assert half > 0.4
+
+
+def _episodes(cost, ttft, hit):
+    n = len(cost)
+    metrics = {m: np.zeros(n) for m in evaluate.METRICS}
+    metrics["ttft_mean"] = np.asarray(ttft, float)
+    metrics["cache_hit_rate"] = np.asarray(hit, float)
+    metrics["load_share"] = np.full((n, 2), 0.5)
+    lat = np.ones((n, 4))
+    return Episodes(np.asarray(cost, float), metrics, lat, lat)
+
+
+def test_rows_carry_paired_ttft_and_hit_rate_against_round_robin():
+    res = {
+        "round-robin": _episodes([10, 12, 11], [1.0, 1.2, 1.1], [0.1, 0.2, 0.15]),
+        "llm-d": _episodes([9, 11, 10], [0.5, 0.7, 0.6], [0.6, 0.7, 0.65]),
+    }
+    rows = {r["router"]: r for r in evaluate.scenario_rows("prefix", res)}
+    assert rows["llm-d"]["ttft_mean_vs_rr"] == pytest.approx(-0.5)
+    assert rows["llm-d"]["ttft_mean_vs_rr_ci"] == pytest.approx(0.0, abs=1e-12)  # same gap every seed
+    assert rows["llm-d"]["cache_hit_rate_vs_rr"] == pytest.approx(0.5)
+    assert rows["round-robin"]["ttft_mean_vs_rr"] == 0.0
+    md = evaluate.markdown(pd.DataFrame(list(rows.values())), [])
+    assert "Δ TTFT vs RR" in md and "-0.500" in md
+
+
+def test_regime_cells_cross_prefix_sharing_with_continuous_batching_only():
+    grid = {
+        "arrivals": ("poisson",),
+        "prefix": ("none", "heavy"),
+        "loads": (0.3, 0.7),
+        "schedulers": ("continuous", "dynamic"),
+    }
+    cells = evaluate.regime_cells(grid)
+    assert ("poisson", "heavy", 0.7, "continuous") in cells
+    assert all(level == "none" for _, level, _, s in cells if s == "dynamic")
+    assert len(cells) == 2 * 2 + 2  # continuous x both levels, dynamic x "none"
+    assert set(evaluate.GRIDS["prefix"]["prefix"]) == {"none", "moderate", "heavy"}
+
+
+def test_regime_matrix_leaves_cells_with_ci_including_zero_uncoloured():
+    df = pd.DataFrame(
+        [
+            {
+                "arrivals": "poisson",
+                "prefix": "none",
+                "load": 0.3,
+                "skew_vs_balancing_pct": -3.7,
+                "significant": False,
+            },
+            {
+                "arrivals": "poisson",
+                "prefix": "none",
+                "load": 0.7,
+                "skew_vs_balancing_pct": 2.0,
+                "significant": True,
+            },
+            {
+                "arrivals": "poisson",
+                "prefix": "heavy",
+                "load": 0.3,
+                "skew_vs_balancing_pct": -9.0,
+                "significant": True,
+            },
+        ]
+    )
+    labels, loads, z = evaluate.regime_matrix(df)
+    assert labels == ["poisson / prefix none", "poisson / prefix heavy"] and loads == [0.3, 0.7]
+    assert np.isnan(z[0, 0]) and z[0, 1] == 2.0 and z[1, 0] == -9.0 and np.isnan(z[1, 1])
+
+
+def test_regime_map_compares_affinity_routers_only_where_prefixes_are_shared():
+    grid = {
+        "arrivals": ("bursts x8",),
+        "prefix": ("none", "heavy"),
+        "loads": (0.7,),
+        "schedulers": ("continuous",),
+    }
+    df = evaluate.regime_map(grid, {"episode_length": 16}, [10_000, 10_001], None)
+    none, heavy = df.iloc[0], df.iloc[1]
+    assert pd.isna(none["best_affinity"]) and none["mechanism"] == "batching"
+    assert heavy["best_affinity"] in evaluate.AFFINITY and heavy["best_batching"] in evaluate.SKEWING
+    assert heavy["best_skew"] == heavy[f"best_{heavy['mechanism']}"]
+    assert "objective[llm-d]" in df.columns and np.isnan(none["objective[llm-d]"])
+    cost = {f: heavy[f"objective[{heavy[f'best_{f}']}]"] for f in ("batching", "affinity")}
+    assert heavy["mechanism"] == min(cost, key=cost.get)
