@@ -19,11 +19,13 @@ comparison. Writes into `--out` (default `results/`), only once everything has b
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -118,6 +120,47 @@ def paired(x: np.ndarray, base: np.ndarray) -> tuple[float, float, float]:
     """Mean paired difference x - base, its 95% CI half-width, and the difference in % of base."""
     d, half = ci95(x - base)
     return d, half, 100.0 * d / float(np.mean(base))
+
+
+def concat_episodes(a: Episodes, b: Episodes) -> Episodes:
+    """One router's episodes of two seed batches, in order."""
+    return Episodes(
+        np.concatenate([a.cost, b.cost]),
+        {k: np.concatenate([a.metrics[k], b.metrics[k]]) for k in a.metrics},
+        np.concatenate([a.ttft, b.ttft]),
+        np.concatenate([a.e2e, b.e2e]),
+    )
+
+
+def run_resolved(
+    rollout: Rollout,
+    routers: list,
+    seeds: list[int],
+    max_seeds: int,
+    width_pct: float,
+    pairs: Callable[[dict[str, Episodes]], list[tuple[str, str]]],
+    progress: Callable[[int], None] | None = None,
+) -> tuple[dict[str, Episodes], bool]:
+    """Runs `routers` on `seeds`, then on further batches of as many new seeds, until every paired
+    comparison (x, baseline) in `pairs(results)` has a 95% CI half-width of at most `width_pct`% of
+    the baseline's objective, or `max_seeds` seeds have run. Returns the results and whether every
+    comparison resolved."""
+    res = rollout.run(routers, seeds, progress)
+    step, n = len(seeds), len(seeds)
+
+    def resolved(res: dict[str, Episodes]) -> bool:
+        for x, base in pairs(res):
+            _, half, _ = paired(res[x].cost, res[base].cost)
+            if not half <= width_pct / 100 * abs(float(res[base].cost.mean())):
+                return False
+        return True
+
+    while not resolved(res) and n < max_seeds:
+        more = list(range(seeds[0] + n, seeds[0] + min(n + step, max_seeds)))
+        extra = rollout.run(routers, more, progress)
+        res = {k: concat_episodes(res[k], extra[k]) for k in res}
+        n += len(more)
+    return res, resolved(res)
 
 
 def pooled_percentile(latency: np.ndarray, q: float, n_resamples: int = 999) -> tuple[float, float]:
@@ -253,8 +296,23 @@ def regime_cells(grid: dict) -> list[tuple[str, str, float, str]]:
     ]
 
 
+def cheapest(res: dict[str, Episodes], names: tuple[str, ...]) -> str:
+    """The router among `names` of least mean objective."""
+    return min(names, key=lambda n: res[n].cost.mean())
+
+
+def skew_pairs(res: dict[str, Episodes], families: dict[str, tuple[str, ...]]) -> list[tuple[str, str]]:
+    """(best router of each skew-taking family, best balancing router): the comparisons of a cell."""
+    return [(cheapest(res, names), cheapest(res, BALANCING)) for names in families.values() if names]
+
+
 def regime_map(
-    grid: dict, settings: dict[str, Any], seeds: list[int], learned: PolicyRouter | None
+    grid: dict,
+    settings: dict[str, Any],
+    seeds: list[int],
+    learned: PolicyRouter | None,
+    max_seeds: int | None = None,
+    width_pct: float = 1.0,
 ) -> pd.DataFrame:
     """Best skew-taking router against best balancing router in each cell of the grid.
 
@@ -281,21 +339,32 @@ def regime_map(
         routers = [make_router(n, n_nodes) for n in BALANCING + batching + affinity]
         if learned is not None:
             routers.append(learned)
-        res = Rollout(scenario, **cell).run(routers, seeds)
-        bal = min(BALANCING, key=lambda n: res[n].cost.mean())
+
+        families = {"batching": batching, "affinity": affinity}
+        res, resolved = run_resolved(
+            Rollout(scenario, **cell),
+            routers,
+            seeds,
+            max_seeds or len(seeds),
+            width_pct,
+            functools.partial(skew_pairs, families=families),
+        )
+        bal = cheapest(res, BALANCING)
         row: dict[str, Any] = {
             "arrivals": arrivals,
             "prefix": level,
             "load": load,
             "scheduler": scheduler,
             "best_balancing": bal,
+            "seeds": int(res[bal].cost.size),
+            "resolved": resolved,
         }
-        for family, names in (("batching", batching), ("affinity", affinity)):
+        for family, names in families.items():
             if not names:
                 row.update({f"best_{family}": None, f"{family}_vs_balancing_pct": np.nan})
                 row.update({f"{family}_ci_pct": np.nan, f"{family}_significant": False})
                 continue
-            best = min(names, key=lambda n: res[n].cost.mean())
+            best = cheapest(res, names)
             d, half, pct = paired(res[best].cost, res[bal].cost)
             row[f"best_{family}"] = best
             row[f"{family}_vs_balancing_pct"] = pct
@@ -446,7 +515,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--episode-length", type=int, default=None, help="default: the model's, else 256")
     p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="other scenario settings")
     p.add_argument("--regime-grid", choices=("none", *GRIDS), default="small")
+    p.add_argument(
+        "--max-seeds",
+        type=int,
+        default=20,
+        help="more seeds (batches of --seeds) until every paired CI against round-robin is at most "
+        "--ci-width, up to this many; the table says 'unresolved' where it is not",
+    )
+    p.add_argument(
+        "--ci-width", type=float, default=1.0, help="target paired 95%% CI half-width, %% of the objective"
+    )
     p.add_argument("--regime-seeds", type=int, default=5)
+    p.add_argument("--regime-max-seeds", type=int, default=10, help="as --max-seeds, per regime-map cell")
     p.add_argument("--regime-episode-length", type=int, default=128)
     p.add_argument("--out", default="results")
     args = p.parse_args(argv)
@@ -460,8 +540,12 @@ def main(argv: list[str] | None = None) -> int:
 def evaluate(args: argparse.Namespace) -> int:
     """Evaluate as `args` say; returns the exit status."""
     torch.set_num_threads(1)
-    if args.seeds < 2:
-        raise ValueError("--seeds must be at least 2 for confidence intervals")
+    if args.seeds < 2 or args.regime_seeds < 2:
+        raise ValueError("--seeds and --regime-seeds must be at least 2 for confidence intervals")
+    if args.max_seeds < args.seeds or args.regime_max_seeds < args.regime_seeds:
+        raise ValueError("--max-seeds must be at least --seeds, --regime-max-seeds at least --regime-seeds")
+    if not args.ci_width > 0:
+        raise ValueError(f"--ci-width must be positive, got {args.ci_width}")
     for name in args.routers:
         if name not in ROUTERS:
             raise ValueError(f"unknown router {name!r}; valid routers: {', '.join(ROUTERS)}")
@@ -518,15 +602,25 @@ def evaluate(args: argparse.Namespace) -> int:
     for label, name, s in jobs:
         rollout = Rollout(name, **s)
         batch = [make_router(r, rollout.cfg.n_nodes) for r in routers] + ([learned] if learned else [])
-        with tqdm(
-            total=rollout.cfg.episode_length,
-            desc=f"{label}: {len(batch)} routers x {len(seeds)} seeds",
-            unit="step",
-        ) as bar:
-            res = rollout.run(batch, seeds, progress=lambda k: bar.update(1))
+        with tqdm(desc=f"{label}: {len(batch)} routers, {len(seeds)}+ seeds", unit="step") as bar:
+            res, resolved = run_resolved(
+                rollout,
+                batch,
+                seeds,
+                args.max_seeds,
+                args.ci_width,
+                lambda r: [(n, BASELINE) for n in r if n != BASELINE],
+                progress=lambda k: bar.update(1),
+            )
         all_results[label] = res
-        rows += scenario_rows(label, res)
-        lines.append(summary(label, res, learned.name if learned else None))
+        rows += [{**row, "resolved": resolved} for row in scenario_rows(label, res)]
+        unresolved = (
+            ""
+            if resolved
+            else f" (unresolved: a paired 95% CI against round-robin stays wider than ±{args.ci_width:g}% "
+            f"of its objective after {args.max_seeds} seeds)"
+        )
+        lines.append(summary(label, res, learned.name if learned else None) + unresolved)
         console.print(lines[-1])
 
     regime = None
@@ -536,7 +630,9 @@ def evaluate(args: argparse.Namespace) -> int:
             "episode_length": args.regime_episode_length,
         }
         rseeds = list(range(args.seed_base, args.seed_base + args.regime_seeds))
-        regime = regime_map(GRIDS[args.regime_grid], grid_settings, rseeds, learned)
+        regime = regime_map(
+            GRIDS[args.regime_grid], grid_settings, rseeds, learned, args.regime_max_seeds, args.ci_width
+        )
 
     df = pd.DataFrame(rows)
     out = Path(args.out)
@@ -555,6 +651,8 @@ def evaluate(args: argparse.Namespace) -> int:
         meta = {
             "complete": True,
             "seeds": seeds,
+            "max_seeds": args.max_seeds,
+            "ci_width_pct": args.ci_width,
             "settings": settings,
             "model": str(model_path) if model_path else None,
             "algo": algo if model_path else None,

@@ -127,3 +127,37 @@ def test_regime_map_compares_affinity_routers_only_where_prefixes_are_shared():
     assert "objective[llm-d]" in df.columns and np.isnan(none["objective[llm-d]"])
     cost = {f: heavy[f"objective[{heavy[f'best_{f}']}]"] for f in ("batching", "affinity")}
     assert heavy["mechanism"] == min(cost, key=cost.get)
+
+
+class _FakeRollout:
+    """Episodes whose costs depend only on the seed: router "x" costs 100 + N(0, 5) more than "rr"."""
+
+    def __init__(self):
+        self.calls = []
+
+    def run(self, routers, seeds, progress=None):
+        self.calls.append(list(seeds))
+        noise = np.array([np.random.default_rng(s).normal(0.0, 5.0) for s in seeds])
+        out = {}
+        for name, cost in (("rr", np.full(len(seeds), 100.0)), ("x", 100.0 + noise)):
+            out[name] = _episodes(cost, np.zeros(len(seeds)), np.zeros(len(seeds)))
+        return out
+
+
+def test_run_resolved_adds_new_seeds_until_the_ci_is_narrow_enough_or_the_cap():
+    pairs = lambda res: [("x", "rr")]  # noqa: E731
+    wide = _FakeRollout()
+    res, ok = evaluate.run_resolved(wide, [], [0, 1, 2, 3], 40, 50.0, pairs)
+    assert ok and wide.calls == [[0, 1, 2, 3]] and res["x"].cost.size == 4
+
+    capped = _FakeRollout()
+    res, ok = evaluate.run_resolved(capped, [], [0, 1, 2, 3], 10, 0.01, pairs)
+    assert not ok and capped.calls == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    assert res["x"].cost.size == 10 and res["rr"].ttft.shape == (10, 4)
+
+    target = _FakeRollout()  # ±5 noise on 100: a ±2% CI needs roughly 25 seeds
+    res, ok = evaluate.run_resolved(target, [], [0, 1, 2, 3], 200, 2.0, pairs)
+    _, half, _ = evaluate.paired(res["x"].cost, res["rr"].cost)
+    assert ok and half <= 2.0 and 8 < res["x"].cost.size < 200
+    seen = [s for call in target.calls for s in call]
+    assert seen == list(range(len(seen)))  # every seed once, in order
