@@ -139,13 +139,12 @@ def run_resolved(
     max_seeds: int,
     width_pct: float,
     pairs: Callable[[dict[str, Episodes]], list[tuple[str, str]]],
-    progress: Callable[[int], None] | None = None,
 ) -> tuple[dict[str, Episodes], bool]:
     """Runs `routers` on `seeds`, then on further batches of as many new seeds, until every paired
     comparison (x, baseline) in `pairs(results)` has a 95% CI half-width of at most `width_pct`% of
     the baseline's objective, or `max_seeds` seeds have run. Returns the results and whether every
     comparison resolved."""
-    res = rollout.run(routers, seeds, progress)
+    res = rollout.run(routers, seeds)
     step, n = len(seeds), len(seeds)
 
     def resolved(res: dict[str, Episodes]) -> bool:
@@ -157,7 +156,7 @@ def run_resolved(
 
     while not resolved(res) and n < max_seeds:
         more = list(range(seeds[0] + n, seeds[0] + min(n + step, max_seeds)))
-        extra = rollout.run(routers, more, progress)
+        extra = rollout.run(routers, more)
         res = {k: concat_episodes(res[k], extra[k]) for k in res}
         n += len(more)
     return res, resolved(res)
@@ -282,6 +281,24 @@ def plot_share(path: Path, scenario: str, results: dict[str, Episodes]) -> None:
     plt.close(fig)
 
 
+def scenario_task(
+    name: str,
+    settings: dict[str, Any],
+    routers: list[str],
+    learned: PolicyRouter | None,
+    seeds: list[int],
+    max_seeds: int,
+    width_pct: float,
+) -> tuple[dict[str, Episodes], bool]:
+    """Every router (and the learned one) on scenario `name`, seeds added until every paired CI
+    against round-robin resolves (`run_resolved`)."""
+    rollout = Rollout(name, **settings)
+    batch = [make_router(r, rollout.cfg.n_nodes) for r in routers] + ([learned] if learned else [])
+    return run_resolved(
+        rollout, batch, seeds, max_seeds, width_pct, lambda r: [(n, BASELINE) for n in r if n != BASELINE]
+    )
+
+
 def regime_cells(grid: dict) -> list[tuple[str, str, float, str]]:
     """The (arrivals, prefix level, load, scheduler) cells of `grid`; prefix sharing other than
     "none" only under continuous batching, the one regime with a prefix cache."""
@@ -306,15 +323,18 @@ def skew_pairs(res: dict[str, Episodes], families: dict[str, tuple[str, ...]]) -
     return [(cheapest(res, names), cheapest(res, BALANCING)) for names in families.values() if names]
 
 
-def regime_map(
-    grid: dict,
+def regime_cell(
+    arrivals: str,
+    level: str,
+    load: float,
+    scheduler: str,
     settings: dict[str, Any],
     seeds: list[int],
     learned: PolicyRouter | None,
     max_seeds: int | None = None,
     width_pct: float = 1.0,
-) -> pd.DataFrame:
-    """Best skew-taking router against best balancing router in each cell of the grid.
+) -> dict[str, Any]:
+    """One cell of the regime map: best skew-taking router against best balancing router.
 
     Two mechanisms take skew: bigger batches (weighted-skew, pack-load, soonest-batch) and, where
     prompts share prefixes, cache affinity (the production routers). Each family's best is compared
@@ -322,70 +342,117 @@ def regime_map(
     better of the two. The learned router, when given, is measured against the same best balancing
     router in its own columns: whether it skews is what it learned, not something to assume.
     """
-    rows = []
-    for arrivals, level, load, scheduler in tqdm(regime_cells(grid), desc="regime map", unit="cell"):
-        scenario, arrival_settings = ARRIVALS[arrivals]
-        cell = {
-            **settings,
-            **arrival_settings,
-            **scenarios.PREFIX_LEVELS[level],
-            "load": load,
-            "scheduler": scheduler,
-        }
-        n_nodes = scenarios.settings_for(scenario, **cell)[1].n_nodes
-        # soonest-batch is join-the-shortest-queue without a batching window: only a skew router on "dynamic"
-        batching = SKEWING if scheduler == "dynamic" else tuple(n for n in SKEWING if n != "soonest-batch")
-        affinity = AFFINITY if level != "none" else ()
-        routers = [make_router(n, n_nodes) for n in BALANCING + batching + affinity]
-        if learned is not None:
-            routers.append(learned)
+    scenario, arrival_settings = ARRIVALS[arrivals]
+    cell = {
+        **settings,
+        **arrival_settings,
+        **scenarios.PREFIX_LEVELS[level],
+        "load": load,
+        "scheduler": scheduler,
+    }
+    n_nodes = scenarios.settings_for(scenario, **cell)[1].n_nodes
+    # soonest-batch is join-the-shortest-queue without a batching window: only a skew router on "dynamic"
+    batching = SKEWING if scheduler == "dynamic" else tuple(n for n in SKEWING if n != "soonest-batch")
+    affinity = AFFINITY if level != "none" else ()
+    routers = [make_router(n, n_nodes) for n in BALANCING + batching + affinity]
+    if learned is not None:
+        routers.append(learned)
+    families = {"batching": batching, "affinity": affinity}
+    res, resolved = run_resolved(
+        Rollout(scenario, **cell),
+        routers,
+        seeds,
+        max_seeds or len(seeds),
+        width_pct,
+        functools.partial(skew_pairs, families=families),
+    )
+    bal = cheapest(res, BALANCING)
+    row: dict[str, Any] = {
+        "arrivals": arrivals,
+        "prefix": level,
+        "load": load,
+        "scheduler": scheduler,
+        "best_balancing": bal,
+        "seeds": int(res[bal].cost.size),
+        "resolved": resolved,
+    }
+    for family, names in families.items():
+        if not names:
+            row.update({f"best_{family}": None, f"{family}_vs_balancing_pct": np.nan})
+            row.update({f"{family}_ci_pct": np.nan, f"{family}_significant": False})
+            continue
+        best = cheapest(res, names)
+        d, half, pct = paired(res[best].cost, res[bal].cost)
+        row[f"best_{family}"] = best
+        row[f"{family}_vs_balancing_pct"] = pct
+        row[f"{family}_ci_pct"] = 100 * half / res[bal].cost.mean()
+        row[f"{family}_significant"] = bool(abs(d) > half)
+    cost = {f: res[row[f"best_{f}"]].cost.mean() for f in families if row[f"best_{f}"]}
+    mechanism = min(cost, key=cost.get)
+    row["mechanism"] = mechanism
+    row["best_skew"] = row[f"best_{mechanism}"]
+    row["skew_vs_balancing_pct"] = row[f"{mechanism}_vs_balancing_pct"]
+    row["ci_pct"] = row[f"{mechanism}_ci_pct"]
+    row["significant"] = row[f"{mechanism}_significant"]
+    if learned is not None:
+        d, half, pct = paired(res[learned.name].cost, res[bal].cost)
+        row["learned_vs_balancing_pct"] = pct
+        row["learned_significant"] = bool(abs(d) > half)
+        row["learned_skew_index"] = float(res[learned.name].metrics["skew_index"].mean())
+    for n, ep in res.items():
+        row[f"objective[{n}]"] = float(ep.cost.mean())
+    return row
 
-        families = {"batching": batching, "affinity": affinity}
-        res, resolved = run_resolved(
-            Rollout(scenario, **cell),
-            routers,
-            seeds,
-            max_seeds or len(seeds),
-            width_pct,
-            functools.partial(skew_pairs, families=families),
+
+def regime_map(
+    grid: dict,
+    settings: dict[str, Any],
+    seeds: list[int],
+    learned: PolicyRouter | None,
+    max_seeds: int | None = None,
+    width_pct: float = 1.0,
+    ray_address: str | None = None,
+) -> pd.DataFrame:
+    """Every cell of `grid` (`regime_cells`, `regime_cell`), run locally or as Ray tasks."""
+    tasks = [
+        dict(
+            arrivals=a,
+            level=lv,
+            load=ld,
+            scheduler=sc,
+            settings=settings,
+            seeds=seeds,
+            learned=learned,
+            max_seeds=max_seeds,
+            width_pct=width_pct,
         )
-        bal = cheapest(res, BALANCING)
-        row: dict[str, Any] = {
-            "arrivals": arrivals,
-            "prefix": level,
-            "load": load,
-            "scheduler": scheduler,
-            "best_balancing": bal,
-            "seeds": int(res[bal].cost.size),
-            "resolved": resolved,
-        }
-        for family, names in families.items():
-            if not names:
-                row.update({f"best_{family}": None, f"{family}_vs_balancing_pct": np.nan})
-                row.update({f"{family}_ci_pct": np.nan, f"{family}_significant": False})
-                continue
-            best = cheapest(res, names)
-            d, half, pct = paired(res[best].cost, res[bal].cost)
-            row[f"best_{family}"] = best
-            row[f"{family}_vs_balancing_pct"] = pct
-            row[f"{family}_ci_pct"] = 100 * half / res[bal].cost.mean()
-            row[f"{family}_significant"] = bool(abs(d) > half)
-        cost = {f: res[row[f"best_{f}"]].cost.mean() for f in ("batching", "affinity") if row[f"best_{f}"]}
-        mechanism = min(cost, key=cost.get)
-        row["mechanism"] = mechanism
-        row["best_skew"] = row[f"best_{mechanism}"]
-        row["skew_vs_balancing_pct"] = row[f"{mechanism}_vs_balancing_pct"]
-        row["ci_pct"] = row[f"{mechanism}_ci_pct"]
-        row["significant"] = row[f"{mechanism}_significant"]
-        if learned is not None:
-            d, half, pct = paired(res[learned.name].cost, res[bal].cost)
-            row["learned_vs_balancing_pct"] = pct
-            row["learned_significant"] = bool(abs(d) > half)
-            row["learned_skew_index"] = float(res[learned.name].metrics["skew_index"].mean())
-        for n, ep in res.items():
-            row[f"objective[{n}]"] = float(ep.cost.mean())
-        rows.append(row)
-    return pd.DataFrame(rows)
+        for a, lv, ld, sc in regime_cells(grid)
+    ]
+    return pd.DataFrame(run_tasks(regime_cell, tasks, "regime map", ray_address))
+
+
+def run_tasks(
+    fn: Callable[..., Any], tasks: list[dict[str, Any]], desc: str, ray_address: str | None
+) -> list:
+    """`[fn(**t) for t in tasks]`, in order; with `ray_address` ("local" for a Ray instance on this
+    machine, else a cluster address) each call is a Ray task. Every task is seeded by its arguments,
+    so both ways give the same results."""
+    if ray_address is None:
+        return [fn(**t) for t in tqdm(tasks, desc=desc, unit="task")]
+    import ray
+
+    if not ray.is_initialized():
+        env = {"env_vars": {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}}
+        address = None if ray_address == "local" else ray_address
+        ray.init(address=address, runtime_env=env, include_dashboard=False, log_to_driver=False)
+    remote = ray.remote(fn)
+    refs = [remote.remote(**t) for t in tasks]
+    pending = list(refs)
+    with tqdm(total=len(refs), desc=f"{desc} (ray)", unit="task") as bar:
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            bar.update(len(done))
+    return ray.get(refs)
 
 
 def regime_matrix(sub: pd.DataFrame) -> tuple[list[str], list[float], np.ndarray]:
@@ -528,6 +595,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--regime-seeds", type=int, default=5)
     p.add_argument("--regime-max-seeds", type=int, default=10, help="as --max-seeds, per regime-map cell")
     p.add_argument("--regime-episode-length", type=int, default=128)
+    p.add_argument(
+        "--ray",
+        nargs="?",
+        const="local",
+        default=None,
+        metavar="ADDRESS",
+        help="run scenarios and regime-map cells as Ray tasks: a local Ray instance, or the cluster "
+        "at ADDRESS (e.g. ray://head:10001); the results equal a local run's",
+    )
     p.add_argument("--out", default="results")
     args = p.parse_args(argv)
     try:
@@ -599,19 +675,20 @@ def evaluate(args: argparse.Namespace) -> int:
 
     seeds = list(range(args.seed_base, args.seed_base + args.seeds))
     rows, lines, all_results = [], [], {}
-    for label, name, s in jobs:
-        rollout = Rollout(name, **s)
-        batch = [make_router(r, rollout.cfg.n_nodes) for r in routers] + ([learned] if learned else [])
-        with tqdm(desc=f"{label}: {len(batch)} routers, {len(seeds)}+ seeds", unit="step") as bar:
-            res, resolved = run_resolved(
-                rollout,
-                batch,
-                seeds,
-                args.max_seeds,
-                args.ci_width,
-                lambda r: [(n, BASELINE) for n in r if n != BASELINE],
-                progress=lambda k: bar.update(1),
-            )
+    tasks = [
+        dict(
+            name=name,
+            settings=s,
+            routers=routers,
+            learned=learned,
+            seeds=seeds,
+            max_seeds=args.max_seeds,
+            width_pct=args.ci_width,
+        )
+        for _, name, s in jobs
+    ]
+    outcomes = run_tasks(scenario_task, tasks, "scenarios", args.ray)
+    for (label, _, _), (res, resolved) in zip(jobs, outcomes, strict=True):
         all_results[label] = res
         rows += [{**row, "resolved": resolved} for row in scenario_rows(label, res)]
         unresolved = (
@@ -631,7 +708,13 @@ def evaluate(args: argparse.Namespace) -> int:
         }
         rseeds = list(range(args.seed_base, args.seed_base + args.regime_seeds))
         regime = regime_map(
-            GRIDS[args.regime_grid], grid_settings, rseeds, learned, args.regime_max_seeds, args.ci_width
+            GRIDS[args.regime_grid],
+            grid_settings,
+            rseeds,
+            learned,
+            args.regime_max_seeds,
+            args.ci_width,
+            args.ray,
         )
 
     df = pd.DataFrame(rows)

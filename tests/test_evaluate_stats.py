@@ -135,7 +135,7 @@ class _FakeRollout:
     def __init__(self):
         self.calls = []
 
-    def run(self, routers, seeds, progress=None):
+    def run(self, routers, seeds):
         self.calls.append(list(seeds))
         noise = np.array([np.random.default_rng(s).normal(0.0, 5.0) for s in seeds])
         out = {}
@@ -161,3 +161,17 @@ def test_run_resolved_adds_new_seeds_until_the_ci_is_narrow_enough_or_the_cap():
     assert ok and half <= 2.0 and 8 < res["x"].cost.size < 200
     seen = [s for call in target.calls for s in call]
     assert seen == list(range(len(seen)))  # every seed once, in order
+
+
+def test_ray_tasks_give_the_local_results(tmp_path):
+    pytest.importorskip("ray")
+    common = ["--no-model", "--scenarios", "steady", "--routers", "least-tokens", "--seeds", "2"]
+    common += ["--max-seeds", "2", "--episode-length", "16", "--regime-grid", "none"]
+    assert evaluate.main([*common, "--out", str(tmp_path / "local")]) == 0
+    assert evaluate.main([*common, "--ray", "--out", str(tmp_path / "ray")]) == 0
+    local = pd.read_csv(tmp_path / "local" / "results.csv")
+    pd.testing.assert_frame_equal(local, pd.read_csv(tmp_path / "ray" / "results.csv"))
+    grid = {"arrivals": ("poisson",), "prefix": ("none",), "loads": (0.3,), "schedulers": ("continuous",)}
+    local = evaluate.regime_map(grid, {"episode_length": 16}, [10_000, 10_001], None)
+    remote = evaluate.regime_map(grid, {"episode_length": 16}, [10_000, 10_001], None, ray_address="local")
+    pd.testing.assert_frame_equal(local, remote)
