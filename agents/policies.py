@@ -3,7 +3,13 @@ node's features plus the global features, and the scores are the action logits. 
 scorer across nodes means each decision teaches it about every node, and a node's index carries
 no meaning of its own (as in llm-d/AIBrix scorers, but learned). The critic is a plain MLP.
 
-Use it with `policy="NodeScoringPolicy"` in `agents/hyperparams.py` (PPO, A2C, MaskablePPO).
+Use it with `policy: agents.policies.NodeScoringPolicy` in `agents/hyperparams.yml` (PPO, A2C;
+`MaskableNodeScoringPolicy` for MaskablePPO); rl-zoo3 imports the dotted path.
+
+Initialisation follows SB3's (`ortho_init=True`): orthogonal weights, zero biases, gain sqrt(2) on
+hidden layers, 1 on the value head, and 0.01 on the actor's output layer, which here is the
+scorer's last layer (SB3 would otherwise give it the hidden gain, sqrt(2), since it sits in the
+extractor, and start from nearly deterministic logits).
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ class NodeScorer(nn.Module):
         self.n_feats = len(NODE_FEATURES)
         self.latent_dim_pi = n_nodes
         self.latent_dim_vf = hidden
-        self.score = _mlp(self.n_feats + len(GLOBAL_FEATURES), hidden, 1)
+        self.score = _mlp(self.n_feats + len(GLOBAL_FEATURES), hidden, 1)  # score[-1]: the actor's head
         obs_dim = n_nodes * self.n_feats + len(GLOBAL_FEATURES)
         self.value = nn.Sequential(
             nn.Linear(obs_dim, hidden), nn.Tanh(), nn.Linear(hidden, hidden), nn.Tanh()
@@ -59,9 +65,16 @@ class _NodeScoring:
         arch = self.net_arch if isinstance(self.net_arch, list) and self.net_arch else [64]
         return {"hidden": int(arch[0])}
 
+    @property
+    def actor_head(self) -> nn.Linear:
+        """The layer whose outputs are the logits (one score per node)."""
+        return self.mlp_extractor.score[-1]
+
     def _build(self, lr_schedule) -> None:
         super()._build(lr_schedule)
         self.action_net = nn.Identity()
+        if self.ortho_init:  # SB3's action-head gain on the layer that now produces the logits
+            self.init_weights(self.actor_head, gain=0.01)
         self.optimizer = self.optimizer_class(self.parameters(), lr=lr_schedule(1), **self.optimizer_kwargs)
 
 
