@@ -10,6 +10,11 @@ rewards already sum to minus the whole objective: nothing is left to bootstrap, 
 termination (`TimeLimit.truncated` False). With `end="cut"` requests are still in flight at the
 end, the end is a truncation (`TimeLimit.truncated` True) and SB3 bootstraps from
 `terminal_observation`, as Gymnasium's face reports.
+
+`stagger=True` gives each cluster's first episode its own length, drawn uniformly from
+1..episode_length (the core's reset `horizon`), so the clusters' episodes end at different steps
+and every rollout mixes early, middle and late parts of episodes instead of all clusters sitting
+at the same point of the same-length episode. Later episodes have the full length.
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import gymnasium as gym
+import jax
+import jax.numpy as jnp
 import numpy as np
 from stable_baselines3.common.vec_env.base_vec_env import VecEnv, VecEnvIndices, VecEnvStepReturn
 
@@ -31,13 +38,23 @@ class JaxVecEnv(VecEnv):
     :param num_envs: clusters stepped together.
     :param scenario: a name from `burstgym.scenarios.SCENARIOS`.
     :param seed: seed of the first reset (later resets happen inside jit).
+    :param stagger: first episodes of random lengths in 1..episode_length, one per cluster.
     :param settings: `burstgym.scenarios.Settings` overrides.
     """
 
     render_mode = None
 
-    def __init__(self, num_envs: int, scenario: str = "bursty", seed: int | None = None, **settings: Any):
+    def __init__(
+        self,
+        num_envs: int,
+        scenario: str = "bursty",
+        seed: int | None = None,
+        stagger: bool = False,
+        **settings: Any,
+    ):
         self.venv = BurstBalanceVectorEnv(num_envs, scenario, **settings)
+        self.stagger = stagger
+        self._rng = np.random.default_rng(seed)
         super().__init__(num_envs, self.venv.single_observation_space, self.venv.single_action_space)
         self.scenario = scenario
         self.settings = settings
@@ -54,13 +71,29 @@ class JaxVecEnv(VecEnv):
         return self.venv.cfg.n_nodes
 
     def reset(self) -> np.ndarray:
-        obs, info = self.venv.reset(seed=self._seeds[0])
+        if self.stagger:
+            obs, mask = self._staggered_reset(self._seeds[0])
+        else:
+            obs, info = self.venv.reset(seed=self._seeds[0])
+            mask = info["action_mask"]
         self._reset_seeds()
-        self._mask = info["action_mask"]
+        self._mask = mask
         self._returns[:] = 0.0
         self._lengths[:] = 0
         self.reset_infos = [{"action_mask": m} for m in self._mask]
         return np.array(obs)  # a writable copy: torch refuses read-only arrays
+
+    def _staggered_reset(self, seed: int | None) -> tuple[np.ndarray, np.ndarray]:
+        """The vector env's reset (same keys from `seed`) with one first-episode length per cluster."""
+        v, n = self.venv, self.num_envs
+        if seed is None:
+            seed = int(self._rng.integers(2**31 - 1))
+        else:
+            self._rng = np.random.default_rng(seed)
+        horizons = jnp.asarray(self._rng.integers(1, v.cfg.episode_length + 1, size=n), dtype=jnp.int32)
+        keys = jax.random.split(jax.random.key(seed), n)
+        obs, v._states = v._fns["batched_reset"](keys, v.params, horizons)
+        return jax.device_get((obs, v._fns["batched_mask"](v._states, v.params)))
 
     def step_async(self, actions: np.ndarray) -> None:
         self._actions = np.asarray(actions).reshape(self.num_envs).astype(np.int64)
@@ -105,7 +138,7 @@ class JaxVecEnv(VecEnv):
         return list(indices)
 
     def get_attr(self, attr_name: str, indices: VecEnvIndices = None) -> list[Any]:
-        own = ("render_mode", "scenario", "settings", "n_nodes", "action_masks")
+        own = ("render_mode", "scenario", "settings", "n_nodes", "action_masks", "stagger")
         value = getattr(self, attr_name) if attr_name in own else getattr(self.venv, attr_name)
         return [value for _ in self._indices(indices)]
 
