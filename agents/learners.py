@@ -1,8 +1,10 @@
 """Stable-Baselines3 learners (PPO by default, A2C, DQN, and MaskablePPO from sb3-contrib, which
-uses the environment's action mask) and a wrapper that routes with a trained model."""
+uses the environment's action mask), observation normalisation, a behaviour-cloning warm start,
+and a wrapper that routes with a trained model."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -11,18 +13,30 @@ import torch
 from sb3_contrib import MaskablePPO
 from stable_baselines3 import A2C, DQN, PPO
 from stable_baselines3.common.base_class import BaseAlgorithm
+from stable_baselines3.common.running_mean_std import RunningMeanStd
+from stable_baselines3.common.utils import explained_variance, get_device
+from stable_baselines3.common.vec_env import VecEnv, VecNormalize
 
-from agents.hyperparams import hyperparams
-from agents.policies import MaskableNodeScoringPolicy, NodeScoringPolicy
+from agents.hyperparams import load, model_kwargs
+from burstgym.observation import GLOBAL_FEATURES, NODE_FEATURES
 
 ALGOS: dict[str, type[BaseAlgorithm]] = {"ppo": PPO, "a2c": A2C, "dqn": DQN, "maskable-ppo": MaskablePPO}
-POLICIES = {"NodeScoringPolicy": NodeScoringPolicy, "MaskableNodeScoringPolicy": MaskableNodeScoringPolicy}
+DEVICES = ("auto", "cpu", "cuda")
 
 
 def check_algo(algo: str) -> None:
     """Refuse an unknown algorithm name with the valid ones listed."""
     if algo not in ALGOS:
         raise ValueError(f"unknown algorithm {algo!r}; valid algorithms: {', '.join(ALGOS)}")
+
+
+def check_device(device: str) -> str:
+    """`device` ("auto", "cpu", "cuda" or "cuda:N") as torch will use it; refuses CUDA without a GPU."""
+    if device != "auto" and device != "cpu" and not re.fullmatch(r"cuda(:\d+)?", device):
+        raise ValueError(f"unknown device {device!r}; valid devices: {', '.join(DEVICES)} (or cuda:N)")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} asked for, but torch {torch.__version__} sees no CUDA GPU")
+    return str(get_device(device))
 
 
 def make_model(
@@ -32,79 +46,304 @@ def make_model(
     seed: int,
     tensorboard_log: str | None,
     overrides: dict[str, Any] | None = None,
+    device: str = "cpu",
+    entry: dict[str, Any] | None = None,
 ) -> BaseAlgorithm:
-    """A fresh `algo` model on `env` with the hyperparameters of `scenario` (and `overrides`)."""
+    """A fresh `algo` model on `env` with the hyperparameters of `scenario` (`entry`, an
+    `agents.hyperparams.load` entry, or the algorithm's file) and `overrides`."""
     check_algo(algo)
-    kwargs = {**hyperparams(algo, scenario), **(overrides or {})}
+    entry = load(algo, scenario) if entry is None else entry
+    kwargs = {**model_kwargs(entry), **(overrides or {})}
     if algo in ("ppo", "maskable-ppo"):
         # A batch larger than one rollout would make SB3 warn and truncate it.
         kwargs["batch_size"] = min(kwargs["batch_size"], kwargs["n_steps"] * env.num_envs)
     policy = kwargs.pop("policy", "MlpPolicy")
     return ALGOS[algo](
-        POLICIES.get(policy, policy),
+        policy,
         env,
         seed=seed,
         tensorboard_log=tensorboard_log,
         verbose=0,
-        device="cpu",
+        device=check_device(device),
         **kwargs,
     )
 
 
-def load_model(path: str | Path, algo: str, env=None) -> BaseAlgorithm:
+def load_model(path: str | Path, algo: str, env=None, device: str = "cpu") -> BaseAlgorithm:
     """Load a saved model of `algo` (a clear error if the file is missing)."""
     check_algo(algo)
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {str(path)!r} does not exist")
-    return ALGOS[algo].load(path, env=env, device="cpu")
+    return ALGOS[algo].load(path, env=env, device=check_device(device))
+
+
+# ------------------------------------------------------------------------- observation normalisation
+
+
+class NodePooledRunningMeanStd(RunningMeanStd):
+    """Running mean and variance of an observation made of `n_nodes` rows of the same node features
+    followed by global features: each node feature's statistics are pooled over the nodes, so the
+    normalisation treats every node alike (the node-scoring actor stays permutation-equivariant,
+    and a feature that differs between nodes but not over time, such as `capacity` in a
+    heterogeneous cluster, keeps its differences instead of being normalised to 0)."""
+
+    def __init__(self, n_nodes: int, epsilon: float = 1e-4):
+        self.n_nodes, self.n_feats, self.n_global = n_nodes, len(NODE_FEATURES), len(GLOBAL_FEATURES)
+        super().__init__(epsilon, shape=(n_nodes * self.n_feats + self.n_global,))
+        self.node = RunningMeanStd(epsilon, shape=(self.n_feats,))
+        self.glob = RunningMeanStd(epsilon, shape=(self.n_global,))
+
+    def update(self, arr: np.ndarray) -> None:
+        arr = np.asarray(arr, dtype=np.float64)
+        k = self.n_nodes * self.n_feats
+        self.node.update(arr[:, :k].reshape(-1, self.n_feats))
+        self.glob.update(arr[:, k:])
+        self._sync()
+
+    def _sync(self) -> None:
+        self.mean = np.concatenate([np.tile(self.node.mean, self.n_nodes), self.glob.mean])
+        self.var = np.concatenate([np.tile(self.node.var, self.n_nodes), self.glob.var])
+        self.count = self.glob.count
+
+    def copy(self) -> NodePooledRunningMeanStd:
+        out = NodePooledRunningMeanStd(self.n_nodes)
+        out.node, out.glob = self.node.copy(), self.glob.copy()
+        out._sync()
+        return out
+
+    def combine(self, other: NodePooledRunningMeanStd) -> None:
+        self.node.combine(other.node)
+        self.glob.combine(other.glob)
+        self._sync()
+
+
+class NodeVecNormalize(VecNormalize):
+    """SB3's VecNormalize with the node features' statistics pooled over nodes
+    (`NodePooledRunningMeanStd`); saved and loaded as VecNormalize is (`save`, `VecNormalize.load`)."""
+
+    def __init__(self, venv: VecEnv, **kwargs: Any):
+        super().__init__(venv, **kwargs)
+        dim = int(np.prod(self.observation_space.shape))
+        n_nodes, rest = divmod(dim - len(GLOBAL_FEATURES), len(NODE_FEATURES))
+        if rest or n_nodes < 1:
+            raise ValueError(f"observations of size {dim} are not BurstBalance observations")
+        if self.norm_obs:
+            self.obs_rms = NodePooledRunningMeanStd(n_nodes)
+
+
+def normalize_env(env: VecEnv, kwargs: dict[str, Any] | None) -> VecEnv:
+    """`env` wrapped in `NodeVecNormalize(**kwargs)`, or `env` itself when `kwargs` is None."""
+    return env if kwargs is None else NodeVecNormalize(env, **kwargs)
+
+
+def vecnormalize_path(model_path: str | Path) -> Path | None:
+    """The normalisation statistics saved with a model, or None: `<prefix>_vecnormalize_<N>_steps.pkl`
+    beside an SB3 checkpoint `<prefix>_<N>_steps.zip`, `<stem>_vecnormalize.pkl` (train.py's
+    `best_model_vecnormalize.pkl`), then `vecnormalize.pkl` in the model's directory (train.py's
+    final model, rl-zoo3's best model) or in `<stem>/` (rl-zoo3's final model)."""
+    path = Path(model_path)
+    candidates = []
+    m = re.fullmatch(r"(.*)_(\d+)_steps", path.stem)
+    if m:
+        candidates.append(path.with_name(f"{m.group(1)}_vecnormalize_{m.group(2)}_steps.pkl"))
+    candidates += [
+        path.with_name(f"{path.stem}_vecnormalize.pkl"),
+        path.with_name("vecnormalize.pkl"),
+        path.parent / path.stem / "vecnormalize.pkl",
+    ]
+    return next((c for c in candidates if c.is_file()), None)
+
+
+def load_normalization(path: str | Path, venv: VecEnv | None = None) -> VecNormalize:
+    """Saved normalisation statistics, frozen (no updates, rewards as they are), for inference."""
+    import pickle
+
+    with open(path, "rb") as f:
+        norm = pickle.load(f)
+    if venv is not None:
+        norm.set_venv(venv)
+    norm.training = False
+    norm.norm_reward = False
+    return norm
+
+
+# ---------------------------------------------------------------------------------------- routing
 
 
 class PolicyRouter:
-    """A trained model as a router with the heuristics' interface (deterministic actions)."""
+    """A trained model as a router with the heuristics' interface.
+
+    :param deterministic: argmax actions (default), else sampled from the policy.
+    :param normalize: the VecNormalize whose observation statistics the model was trained with
+        (None: observations as they are). Only its statistics are kept (by reference, so a live
+        training VecNormalize is followed as it updates; never updated here), which keeps the
+        router picklable.
+    """
 
     balancing = False
 
-    def __init__(self, model: BaseAlgorithm, name: str = "learned"):
+    def __init__(
+        self,
+        model: BaseAlgorithm,
+        name: str = "learned",
+        deterministic: bool = True,
+        normalize: VecNormalize | None = None,
+    ):
         self.model = model
         self.name = name
+        self.deterministic = deterministic
         self.masked = isinstance(model, MaskablePPO)
+        self.obs_rms = normalize.obs_rms if normalize is not None and normalize.norm_obs else None
+        self.clip_obs = float(normalize.clip_obs) if normalize is not None else 0.0
+        self.epsilon = float(normalize.epsilon) if normalize is not None else 0.0
 
     def reset(self, n_envs: int) -> None:
         """Nothing to reset: the policy is a function of the observation."""
 
+    def observe(self, obs: np.ndarray) -> np.ndarray:
+        """The observations as the policy reads them (normalised as VecNormalize does, if the model
+        was trained so)."""
+        obs = np.asarray(obs, dtype=np.float32)
+        if self.obs_rms is not None:
+            scaled = (obs - self.obs_rms.mean) / np.sqrt(self.obs_rms.var + self.epsilon)
+            obs = np.clip(scaled, -self.clip_obs, self.clip_obs).astype(np.float32)
+        return obs
+
     def __call__(self, obs: np.ndarray, mask: np.ndarray | None = None, view: Any = None) -> np.ndarray:
         """Actions for a batch of observations (`view`, the heuristics' input, is not used)."""
         kwargs = {"action_masks": mask} if self.masked and mask is not None else {}
-        actions, _ = self.model.predict(np.asarray(obs, dtype=np.float32), deterministic=True, **kwargs)
+        actions, _ = self.model.predict(self.observe(obs), deterministic=self.deterministic, **kwargs)
         return np.asarray(actions, dtype=np.int64)
 
 
+def load_router(
+    path: str | Path,
+    algo: str,
+    name: str = "learned",
+    device: str = "cpu",
+    deterministic: bool = True,
+    require_normalization: bool = False,
+) -> PolicyRouter:
+    """A saved model as a router, with the normalisation statistics saved beside it
+    (`vecnormalize_path`); `require_normalization` refuses a model whose statistics are missing."""
+    model = load_model(path, algo, device=device)
+    stats = vecnormalize_path(path)
+    if stats is None and require_normalization:
+        raise FileNotFoundError(
+            f"model {str(path)!r} was trained on normalised observations but no statistics "
+            "(vecnormalize.pkl) lie beside it"
+        )
+    norm = load_normalization(stats) if stats is not None else None
+    return PolicyRouter(model, name, deterministic=deterministic, normalize=norm)
+
+
+# ------------------------------------------------------------------------------ behaviour cloning
+
+
+def _returns(rewards, dones, bootstrap, last_value, gamma) -> np.ndarray:
+    """Discounted returns [T, B] of a rollout: `bootstrap[t]` is added (discounted) where an episode
+    was truncated at step t, `last_value` continues the episodes still running at the end."""
+    out = np.zeros_like(rewards)
+    future = last_value
+    for t in range(len(rewards) - 1, -1, -1):
+        future = rewards[t] + gamma * (np.where(dones[t], bootstrap[t], future))
+        out[t] = future
+    return out
+
+
 def behaviour_clone(
-    model: BaseAlgorithm, env, teacher, steps: int, epochs: int = 4, batch_size: int = 1024
-) -> float:
-    """Warm-start an actor-critic `model` by imitating the heuristic `teacher` on `env` for `steps`
-    environment steps (cross-entropy on the teacher's actions); returns the final agreement."""
+    model: BaseAlgorithm,
+    env,
+    teacher,
+    steps: int,
+    epochs: int = 4,
+    batch_size: int = 1024,
+    critic: bool = True,
+) -> dict[str, float]:
+    """Warm-start an actor-critic `model` on the heuristic `teacher`'s rollouts on `env` for
+    `steps` environment steps: the actor by cross-entropy on the teacher's actions and, with
+    `critic`, the value head by regression on the discounted returns (`model.gamma`) of those
+    rollouts. Returns are bootstrapped from the critic's own value where a rollout stops before its
+    episode does (the end of the collection, a truncated episode), and recomputed before every
+    epoch as the critic improves. With a VecNormalize `env`, statistics are gathered during the
+    collection and every observation is normalised with the final ones.
+
+    Returns {"agreement": fraction of the teacher's actions the actor takes (argmax),
+    "value_explained_variance": the critic's explained variance of the returns (as SB3's
+    `train/explained_variance`, on the imitation data), "value_explained_variance_initial": the
+    same before the warm start, "samples": the number of observations}."""
     if not hasattr(model.policy, "get_distribution"):
         raise ValueError(f"behaviour cloning needs an actor-critic policy, not {type(model.policy).__name__}")
-    obs = env.reset()
+    norm = env if isinstance(env, VecNormalize) else None
+    gamma = float(getattr(model, "gamma", 0.99))
+
+    def raw(obs):
+        return norm.get_original_obs() if norm is not None else obs
+
+    obs = raw(env.reset())
     teacher.reset(env.num_envs)
-    xs, ys = [], []
+    xs, ys, rs, ds, trunc_obs, truncs = [], [], [], [], [], []
     for _ in range(max(steps // env.num_envs, 1)):
         actions = teacher(obs, env.action_masks(), env.router_views())
         xs.append(obs)
         ys.append(actions)
-        obs, _, _, _ = env.step(actions)
-    x = torch.as_tensor(np.concatenate(xs), dtype=torch.float32)
-    y = torch.as_tensor(np.concatenate(ys), dtype=torch.long)
+        new_obs, reward, done, infos = env.step(actions)
+        rs.append(norm.get_original_reward() if norm is not None else reward)
+        ds.append(done)
+        term = np.zeros_like(obs)
+        cut = np.zeros(env.num_envs, dtype=bool)
+        for i in np.flatnonzero(done):
+            if infos[i].get("TimeLimit.truncated"):
+                cut[i] = True
+                t_obs = infos[i]["terminal_observation"]
+                term[i] = norm.unnormalize_obs(t_obs) if norm is not None else t_obs
+        trunc_obs.append(term)
+        truncs.append(cut)
+        obs = raw(new_obs)
+
+    def observe(a: np.ndarray) -> torch.Tensor:
+        a = norm.normalize_obs(a) if norm is not None else a
+        return torch.as_tensor(np.asarray(a, dtype=np.float32), device=model.device)
+
+    x_raw = np.stack(xs)  # [T, B, D]
+    shape = x_raw.shape
+    x = observe(x_raw.reshape(-1, shape[-1]))
+    y = torch.as_tensor(np.concatenate(ys), dtype=torch.long, device=model.device)
+    rewards, dones = np.stack(rs).astype(np.float64), np.stack(ds)
+    cuts, cut_obs = np.stack(truncs), observe(np.stack(trunc_obs).reshape(-1, shape[-1]))
+    last_obs = observe(obs)
     policy = model.policy
+
+    def values(t: torch.Tensor) -> np.ndarray:
+        with torch.no_grad():
+            return policy.predict_values(t).squeeze(-1).double().cpu().numpy()
+
+    def targets() -> torch.Tensor:
+        bootstrap = np.where(cuts, values(cut_obs).reshape(cuts.shape), 0.0)
+        g = _returns(rewards, dones, bootstrap, values(last_obs), gamma)
+        return torch.as_tensor(g.reshape(-1), dtype=torch.float32, device=model.device)
+
+    with torch.no_grad():
+        ev0 = explained_variance(policy.predict_values(x).squeeze(-1).cpu().numpy(), targets().cpu().numpy())
     optimizer = torch.optim.Adam(policy.parameters(), lr=1e-3)
     for _ in range(epochs):
-        for idx in torch.randperm(len(x)).split(batch_size):
+        returns = targets() if critic else None
+        for idx in torch.randperm(len(x), device=model.device).split(batch_size):
             loss = -policy.get_distribution(x[idx]).log_prob(y[idx]).mean()
+            if critic:
+                value = policy.predict_values(x[idx]).squeeze(-1)
+                loss = loss + torch.nn.functional.mse_loss(value, returns[idx])
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
     with torch.no_grad():
         agree = (policy.get_distribution(x).distribution.probs.argmax(dim=1) == y).float().mean()
-    return float(agree)
+        returns = targets()
+        ev = explained_variance(policy.predict_values(x).squeeze(-1).cpu().numpy(), returns.cpu().numpy())
+    return {
+        "agreement": float(agree),
+        "value_explained_variance": float(ev),
+        "value_explained_variance_initial": float(ev0),
+        "samples": int(len(x)),
+    }
