@@ -6,11 +6,21 @@ Every router gets the same request streams: the batch holds `len(routers) x len(
 and cluster `r * S + s` replays seed `s` under router `r`. One jitted step serves all
 configurations that differ only in their workload (load, arrival process), because the step never
 reads the workload; each such configuration only compiles its own (small) reset.
+
+Two engines run the episodes. Routers with a JAX twin (`agents.jax_routers.twin`: every heuristic
+and production router) run in `burstgym.rollout`, whole episodes in one jitted scan; the others
+(the learned `PolicyRouter`, any custom router) are stepped here one arrival at a time, the router
+called in Python on each step's observations. Both paths step the clusters with per-cluster
+parameters (`burstgym.rollout.step_clusters`), so a deterministic router gets bit-identical
+episodes from either (tests/test_jax_rollout.py); `random`, `power-of-two` and `llm-d` draw from
+JAX's PRNG in the JAX engine, from NumPy's generator here. `run(..., engine="numpy")` steps every
+router here.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -20,11 +30,16 @@ import jax.numpy as jnp
 import numpy as np
 from scipy import stats
 
+from agents.jax_routers import twin
+from burstgym import rollout as jax_rollout
 from burstgym import scenarios
 from burstgym.env import BurstBalance
 from burstgym.gym_env import check_error
 from burstgym.observation import RouterView
+from burstgym.rollout import per_cluster, step_clusters
 from burstgym.types import EnvConfig
+
+ENGINES = ("auto", "numpy", "jax")
 
 _SHARED: dict[EnvConfig, Any] = {}
 
@@ -48,14 +63,15 @@ class Episodes:
 
 
 def _shared_fns(cfg: EnvConfig):
-    """The jitted batched step and metrics of `cfg`, shared by configurations differing in workload only."""
+    """The jitted batched step, metrics and view of `cfg` (per-cluster parameters), shared by
+    configurations differing in workload only."""
     key = dataclasses.replace(cfg, workload=None)
     if key not in _SHARED:
         core = BurstBalance(cfg)
         _SHARED[key] = (
-            jax.jit(core.batched_step_env),
-            jax.jit(jax.vmap(core.metrics, in_axes=(0, None))),
-            jax.jit(jax.vmap(core.view, in_axes=(0, None))),
+            jax.jit(functools.partial(step_clusters, core)),
+            jax.jit(jax.vmap(core.metrics)),
+            jax.jit(jax.vmap(core.view)),
         )
     return _SHARED[key]
 
@@ -68,16 +84,64 @@ class Rollout:
         self.settings = settings
         self.cfg, self.params = scenarios.make(scenario, **settings)
         self.core = BurstBalance(self.cfg)
-        self._reset = jax.jit(jax.vmap(self.core.reset, in_axes=(0, None)))
+        self._reset = jax.jit(jax.vmap(self.core.reset))
         self._step, self._metrics, self._view = _shared_fns(self.cfg)
 
-    def run(self, routers: Sequence[RouterLike], seeds: Sequence[int], progress=None) -> dict[str, Episodes]:
-        """Each router's episodes on `seeds`; `progress(k)` is called after each step if given."""
+    def run(
+        self, routers: Sequence[RouterLike], seeds: Sequence[int], progress=None, engine: str = "auto"
+    ) -> dict[str, Episodes]:
+        """Each router's episodes on `seeds`; `progress(k)` is called after each step if given
+        (after the whole episode for routers run by the JAX engine). `engine`: "auto" runs routers
+        with a JAX twin in the JAX engine and the others step by step, "numpy" steps every router,
+        "jax" refuses routers without a twin."""
+        if engine not in ENGINES:
+            raise ValueError(f"unknown engine {engine!r}; valid engines: {', '.join(ENGINES)}")
+        twins = [None if engine == "numpy" else twin(r) for r in routers]
+        if engine == "jax" and any(t is None for t in twins):
+            names = [r.name for r, t in zip(routers, twins, strict=True) if t is None]
+            raise ValueError(f"routers without a JAX twin: {', '.join(names)}")
+        fast = [i for i, t in enumerate(twins) if t is not None]
+        slow = [i for i, t in enumerate(twins) if t is None]
+        episodes: dict[int, Episodes] = {}
+        first_error = None
+        if fast:
+            batch = jax_rollout.rollout(self.cfg, self.params, [twins[i] for i in fast], seeds, check=False)
+            first_error = batch.first_error()
+            n = len(seeds)
+            for j, i in enumerate(fast):
+                sl = slice(j * n, (j + 1) * n)
+                metrics = {k: np.asarray(v[sl], dtype=np.float64) for k, v in batch.metrics.items()}
+                episodes[i] = Episodes(
+                    batch.objective[sl],
+                    metrics,
+                    batch.ttft[sl].astype(np.float64),
+                    batch.e2e[sl].astype(np.float64),
+                )
+        if slow:
+            stepped = self._step_by_step([routers[i] for i in slow], seeds, progress, first_error)
+            episodes.update(zip(slow, stepped, strict=True))
+        elif first_error is not None:
+            check_error(first_error[1], f" at request {first_error[0]}")
+        elif progress is not None:
+            for k in range(self.cfg.episode_length):
+                progress(k)
+        return {routers[i].name: episodes[i] for i in range(len(routers))}
+
+    def _step_by_step(
+        self,
+        routers: Sequence[RouterLike],
+        seeds: Sequence[int],
+        progress,
+        first_error: tuple[int, int] | None,
+    ) -> list[Episodes]:
+        """Episodes of `routers` stepped one arrival at a time; `first_error` (step, bits) of the
+        routers run elsewhere is raised at its step with whatever errors these raise there."""
         n_seeds = len(seeds)
         tiled = np.tile(np.asarray(seeds), len(routers))
         keys = jax.vmap(jax.random.key)(jnp.asarray(tiled, dtype=jnp.uint32))
-        obs, state = self._reset(keys, self.params)
-        view = self._view(state, self.params)
+        params = per_cluster(self.params, tiled.size)
+        obs, state = self._reset(keys, params)
+        view = self._view(state, params)
         obs, view = jax.device_get((obs, view))
         mask = np.asarray(view.accepts) | ~np.asarray(view.accepts).any(axis=1, keepdims=True)
         for r in routers:
@@ -92,24 +156,27 @@ class Rollout:
                 [r(part(obs, i), part(mask, i), part(view, i)) for i, r in enumerate(routers)]
             )
             actions = jnp.asarray(actions, dtype=jnp.int32)
-            obs, state, reward, _, info = self._step(state, actions, self.params)
-            view = self._view(state, self.params)
+            obs, state, reward, _, info = self._step(state, actions, params)
+            view = self._view(state, params)
             obs, mask, reward, error, view = jax.device_get(
                 (obs, info["action_mask"], reward, info["error"], view)
             )
-            check_error(error, f" at request {k}")
+            bits = np.bitwise_or.reduce(np.asarray(error, dtype=np.int64).ravel())
+            if first_error is not None and first_error[0] == k:
+                bits |= first_error[1]
+            check_error(bits, f" at request {k}")
             total += np.asarray(reward, dtype=np.float64)
             if progress is not None:
                 progress(k)
-        metrics = {k: np.asarray(v, dtype=np.float64) for k, v in self._metrics(state, self.params).items()}
+        metrics = {k: np.asarray(v, dtype=np.float64) for k, v in self._metrics(state, params).items()}
         log = jax.device_get(state.log)
         ttft = np.where(log.dropped, np.nan, log.ttft).astype(np.float64)
         e2e = np.where(log.dropped, np.nan, log.e2e).astype(np.float64)
         cost = -total * float(self.params.reward_scale)
-        out = {}
-        for i, r in enumerate(routers):
+        out = []
+        for i in range(len(routers)):
             sl = slice(i * n_seeds, (i + 1) * n_seeds)
-            out[r.name] = Episodes(cost[sl], {k: v[sl] for k, v in metrics.items()}, ttft[sl], e2e[sl])
+            out.append(Episodes(cost[sl], {k: v[sl] for k, v in metrics.items()}, ttft[sl], e2e[sl]))
         return out
 
 

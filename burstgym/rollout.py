@@ -1,0 +1,291 @@
+"""Whole episodes of many clusters routed by JAX routers, in jitted calls without a Python step loop.
+
+`rollout(cfg, params, routers, seeds)` runs `len(routers) x len(seeds)` clusters (cluster
+`r * S + s` replays seed `s` under router `r`, as `agents.rollout` lays them out): a vmapped
+reset, then one `lax.scan` over the episode's arrivals of router view -> router -> `step_env`
+(the batched step without auto-reset, so each episode's final state and request log are kept),
+then the episode metrics. A router is any hashable object with
+
+    init(n_nodes, seed, stream) -> state     # stream: the episode's seed (a traced uint32)
+    act(state, view, mask) -> (action, state)
+
+over one cluster's `RouterView` ([N] fields) and action mask; `agents.jax_routers` has one for
+every heuristic and production router. Several routers in one call share the scan (a
+`lax.switch` on each cluster's router index), so their states must have one structure.
+
+Two jitted calls, compiled ahead of time so compile time is reported apart from run time: the
+reset (compiled per configuration) and the episode (reset state in, final state out), which is
+compiled once per configuration up to its workload, since the step never reads the workload:
+configurations that differ only in load or arrival process (a regime map) share it.
+
+Sharding: the cluster axis is placed with a `NamedSharding` over every visible device (a 1-D mesh
+"clusters") when the device count divides the number of clusters, and each device runs its own
+clusters' episodes (`shard_map`: clusters never interact, so no step communicates across
+devices). On one device this is the same computation. Otherwise the call runs on the default device.
+
+Errors: the core's error bits (`info["error"]`, cumulative per cluster) are tracked inside the scan
+with the first step at which each cluster raised one; after the call, `EpisodeBatch.check()`
+raises what the step-by-step rollout (agents/rollout.py) would have raised at its first failing
+step: the same message, `simulation error at request k: ...` (`burstgym.gym_env.check_error`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from burstgym.env import BurstBalance
+from burstgym.gym_env import check_error
+from burstgym.observation import action_mask
+from burstgym.types import EnvConfig, EnvParams, State
+
+AXIS = "clusters"
+
+try:  # jax >= 0.6
+    from jax import shard_map as _shard_map
+
+    def _smap(f, mesh, in_specs, out_specs):
+        return _shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)
+
+except ImportError:  # pragma: no cover - older jax
+    from jax.experimental.shard_map import shard_map as _shard_map
+
+    def _smap(f, mesh, in_specs, out_specs):
+        return _shard_map(f, mesh, in_specs=in_specs, out_specs=out_specs, check_rep=False)
+
+
+@dataclass
+class EpisodeBatch:
+    """Every cluster's episode, one row per cluster (router r, seed s at row r * S + s)."""
+
+    objective: np.ndarray  # [C] float64, minus the summed rewards times reward_scale
+    rewards: np.ndarray  # [C, E] float32, each step's reward
+    node: np.ndarray  # [C, E] int32, node each request was routed to
+    dropped: np.ndarray  # [C, E] bool
+    ttft: np.ndarray  # [C, E] float, NaN when dropped or unfinished
+    e2e: np.ndarray  # [C, E] float, NaN when dropped or unfinished
+    metrics: dict[str, np.ndarray]  # [C] per metric, [C, N] per node (burstgym.metrics)
+    error: np.ndarray  # [C] int32, the final error bits
+    error_step: np.ndarray  # [C] int32, the step of each cluster's first error (E: none)
+    error_first: np.ndarray  # [C] int32, the error bits at that step
+    compile_s: float  # seconds spent compiling in this call (0 when every function was cached)
+    run_s: float  # seconds running the compiled reset and episode (to results on the device)
+    devices: int  # devices the cluster axis was sharded over (1: unsharded)
+
+    def first_error(self) -> tuple[int, int] | None:
+        """(step, bits) of the batch's first error, as the step-by-step rollout sees it: the first
+        step at which any cluster raised one and the union of the bits raised then; None if none."""
+        e = self.rewards.shape[1]
+        step = int(self.error_step.min(initial=e))
+        if step >= e:
+            return None
+        return step, int(np.bitwise_or.reduce(self.error_first[self.error_step == step]))
+
+    def check(self) -> None:
+        """Raise the batch's first error as agents/rollout.py would (RuntimeError naming each bit)."""
+        first = self.first_error()
+        if first is not None:
+            check_error(first[1], f" at request {first[0]}")
+
+
+def cluster_mesh(n_clusters: int, devices: Sequence[Any] | None = None) -> Mesh | None:
+    """The 1-D mesh over `devices` (default: every visible device) when their count divides
+    `n_clusters`, else None (run unsharded)."""
+    devices = list(jax.devices() if devices is None else devices)
+    if not devices or n_clusters % len(devices):
+        return None
+    return Mesh(np.asarray(devices), (AXIS,))
+
+
+_EPISODE: dict[Any, Any] = {}
+_RESET: dict[Any, Any] = {}
+
+
+def per_cluster(params: EnvParams, n_clusters: int) -> EnvParams:
+    """`params` with a leading cluster axis on every leaf (one copy per cluster)."""
+    return jax.tree.map(lambda x: jnp.broadcast_to(jnp.asarray(x), (n_clusters,) + jnp.shape(x)), params)
+
+
+def step_clusters(
+    core: BurstBalance, states: State, actions: jax.Array, params: EnvParams
+) -> tuple[jax.Array, State, jax.Array, jax.Array, dict[str, jax.Array]]:
+    """`BurstBalance.batched_step_env` with per-cluster parameters (`per_cluster`).
+
+    With shared parameters a parameter is a broadcast scalar, and XLA rewrites `x / broadcast(s)`
+    into `x * (1 / s)` in some programs and not in others (a standalone step, but not the same
+    step inside a scan whose loop hoists the broadcast), so the reward `-cost / reward_scale`
+    differs in its last bit between the step-by-step rollout and the scanned one. Per-cluster
+    parameters are never broadcast: every program divides exactly, and both rollouts agree bit
+    for bit. The drain of a last step sits behind one `lax.cond` on "any cluster ends now", as in
+    `batched_step_env`.
+    """
+    st = jax.vmap(core._route_advance)(states, actions, params)
+    if core.cfg.end == "drain":
+        st = jax.lax.cond(st.last.any(), lambda s: jax.vmap(core._drain)(s, params), lambda s: s, st)
+    return jax.vmap(core._close)(st, params)
+
+
+def _episode_fn(cfg: EnvConfig, routers: tuple[Any, ...]):
+    """(states, router index, router seeds, streams, params) -> outputs, for one shard of clusters
+    (params per cluster)."""
+    core = BurstBalance(cfg)
+    n, e = cfg.n_nodes, cfg.episode_length
+
+    def choose(fns, idx, *args):
+        return fns[0](*args) if len(fns) == 1 else jax.lax.switch(idx, fns, *args)
+
+    inits = [functools.partial(r.init, n) for r in routers]
+    acts = [r.act for r in routers]
+
+    def run(states, ridx, rseed, stream, params):
+        rstates = jax.vmap(lambda i, s, t: choose(inits, i, s, t))(ridx, rseed, stream)
+        c = ridx.shape[0]
+        view_of = jax.vmap(core.view)
+
+        def body(carry, k):
+            states, rstates, first_k, first_bits = carry
+            views = view_of(states, params)
+            masks = jax.vmap(action_mask)(views)
+            pick = jax.vmap(lambda i, s, v, m: choose(acts, i, s, v, m))
+            actions, rstates = pick(ridx, rstates, views, masks)
+            _, states, reward, _, info = step_clusters(core, states, actions, params)
+            err = info["error"]
+            new = (err != 0) & (first_k == e)
+            first_k = jnp.where(new, k, first_k)
+            first_bits = jnp.where(new, err, first_bits)
+            return (states, rstates, first_k, first_bits), reward
+
+        init = (states, rstates, jnp.full(c, e, jnp.int32), jnp.zeros(c, jnp.int32))
+        (states, _, first_k, first_bits), rewards = jax.lax.scan(body, init, jnp.arange(e, dtype=jnp.int32))
+        metrics = jax.vmap(core.metrics)(states, params)
+        log = states.log
+        return {
+            "rewards": rewards.T,
+            "node": log.node,
+            "dropped": log.dropped,
+            "ttft": log.ttft,
+            "e2e": log.e2e,
+            "metrics": metrics,
+            "error": states.error,
+            "error_step": first_k,
+            "error_first": first_bits,
+        }
+
+    return run
+
+
+def _reset_fn(cfg: EnvConfig):
+    core = BurstBalance(cfg)
+
+    def reset(seeds, params):
+        keys = jax.vmap(jax.random.key)(seeds)
+        return jax.vmap(core.reset)(keys, params)[1]
+
+    return reset
+
+
+def _compiled(cache: dict, key: Any, build, args: tuple, mesh: Mesh | None, donate: tuple[int, ...] = ()):
+    """The AOT-compiled `build()` for `args` (cached by key, shapes and mesh), and the seconds spent
+    compiling it now (0 when cached). Every argument leads with the cluster axis."""
+    shapes = jax.tree.map(lambda x: (x.shape, x.dtype), args)
+    full = (key, str(shapes), None if mesh is None else tuple(d.id for d in mesh.devices.flat))
+    if full in cache:
+        return cache[full], 0.0
+    start = time.perf_counter()
+    fn = build()
+    if mesh is not None:
+        spec = PartitionSpec(AXIS)
+        fn = _smap(fn, mesh, tuple(spec for _ in args), spec)
+        shard = NamedSharding(mesh, spec)
+        shardings = tuple(shard for _ in args)
+        jitted = jax.jit(fn, in_shardings=shardings, out_shardings=shard, donate_argnums=donate)
+    else:
+        jitted = jax.jit(fn, donate_argnums=donate)
+    compiled = jitted.lower(*args).compile()
+    cache[full] = compiled
+    return compiled, time.perf_counter() - start
+
+
+def rollout(
+    cfg: EnvConfig,
+    params: EnvParams,
+    routers: Sequence[Any],
+    seeds: Sequence[int],
+    *,
+    router_seeds: Sequence[int] | None = None,
+    shard: bool = True,
+    devices: Sequence[Any] | None = None,
+    check: bool = True,
+) -> EpisodeBatch:
+    """Episodes of every router in `routers` on every seed in `seeds` (see the module docstring).
+
+    `router_seeds` (default: each router's `seed` attribute, else 0) seed the routers' PRNG keys,
+    folded with each episode's seed. `shard=False` keeps every cluster on the default device.
+    With `check` (default) the first simulation error is raised after the call."""
+    routers = tuple(routers)
+    if not routers:
+        raise ValueError("rollout needs at least one router")
+    n_seeds = len(seeds)
+    if router_seeds is None:
+        router_seeds = [int(getattr(r, "seed", 0)) for r in routers]
+    c = len(routers) * n_seeds
+    seed_arr = np.tile(np.asarray(seeds, dtype=np.uint32), len(routers))
+    ridx = np.repeat(np.arange(len(routers), dtype=np.int32), n_seeds)
+    rseed = np.repeat(np.asarray(router_seeds, dtype=np.uint32), n_seeds)
+    mesh = cluster_mesh(c, devices) if shard else None
+    scale = float(np.asarray(params.reward_scale))
+    params = per_cluster(params, c)
+    if mesh is not None:
+        put = functools.partial(jax.device_put, device=NamedSharding(mesh, PartitionSpec(AXIS)))
+        seed_arr, ridx, rseed, params = put(seed_arr), put(ridx), put(rseed), put(params)
+    else:
+        seed_arr, ridx, rseed = (jnp.asarray(x) for x in (seed_arr, ridx, rseed))
+
+    reset, t_reset = _compiled(_RESET, cfg, lambda: _reset_fn(cfg), (seed_arr, params), mesh)
+    start = time.perf_counter()
+    states = reset(seed_arr, params)
+    jax.block_until_ready(states)
+    run_s = time.perf_counter() - start
+
+    shared = dataclasses.replace(cfg, workload=None)
+    args = (states, ridx, rseed, seed_arr, params)
+    donate = (0,) if jax.default_backend() != "cpu" else ()
+    episode, t_episode = _compiled(
+        _EPISODE, (shared, routers), lambda: _episode_fn(cfg, routers), args, mesh, donate
+    )
+    start = time.perf_counter()
+    out = episode(*args)
+    jax.block_until_ready(out)
+    run_s += time.perf_counter() - start
+    out = jax.device_get(out)
+    rewards = np.asarray(out["rewards"])
+    # summed in float64 one step at a time, as the step-by-step rollout does
+    total = np.cumsum(rewards.astype(np.float64), axis=1)[:, -1] if rewards.shape[1] else np.zeros(c)
+    dropped = np.asarray(out["dropped"])
+    batch = EpisodeBatch(
+        objective=-total * scale,
+        rewards=rewards,
+        node=np.asarray(out["node"]),
+        dropped=dropped,
+        ttft=np.where(dropped, np.nan, out["ttft"]),
+        e2e=np.where(dropped, np.nan, out["e2e"]),
+        metrics={k: np.asarray(v) for k, v in out["metrics"].items()},
+        error=np.asarray(out["error"]),
+        error_step=np.asarray(out["error_step"]),
+        error_first=np.asarray(out["error_first"]),
+        compile_s=t_reset + t_episode,
+        run_s=run_s,
+        devices=1 if mesh is None else mesh.devices.size,
+    )
+    if check:
+        batch.check()
+    return batch
