@@ -43,7 +43,7 @@ from scipy import stats  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from agents.cli import parse_settings  # noqa: E402
-from agents.learners import PolicyRouter, check_algo, load_model  # noqa: E402
+from agents.learners import DEVICES, PolicyRouter, check_algo, check_device, load_router  # noqa: E402
 from agents.rollout import Episodes, Rollout, ci95  # noqa: E402
 from agents.routers import ROUTERS, make_router  # noqa: E402
 from burstgym import scenarios  # noqa: E402
@@ -604,6 +604,7 @@ def main(argv: list[str] | None = None) -> int:
         help="run scenarios and regime-map cells as Ray tasks: a local Ray instance, or the cluster "
         "at ADDRESS (e.g. ray://head:10001); the results equal a local run's",
     )
+    p.add_argument("--device", default="cpu", help=f"torch device of --model: {', '.join(DEVICES)}")
     p.add_argument("--out", default="results")
     args = p.parse_args(argv)
     try:
@@ -641,14 +642,22 @@ def evaluate(args: argparse.Namespace) -> int:
         config = json.loads((model_path.parent / "config.json").read_text())
     algo = args.algo or config.get("algo", "ppo")
     check_algo(algo)
+    device = check_device(args.device)
 
-    settings = {k: v for k, v in config.get("settings", {}).items() if k in ("episode_length", "n_nodes")}
+    # The model's training scenario runs with every setting of its run's config.json; the other
+    # scenarios keep their own, with the model's cluster size and episode length. Command-line
+    # --episode-length, --set and --load override both.
+    trained_settings = dict(config.get("settings", {}))
+    settings = {k: v for k, v in trained_settings.items() if k in ("episode_length", "n_nodes")}
     settings.setdefault("episode_length", 256)
+    overrides: dict[str, Any] = {}
     if args.episode_length is not None:
-        settings["episode_length"] = args.episode_length
-    settings.update(parse_settings(args.set))
+        overrides["episode_length"] = args.episode_length
+    overrides.update(parse_settings(args.set))
     if args.load is not None:
-        settings["load"] = args.load
+        overrides["load"] = args.load
+    settings.update(overrides)
+    trained_settings.update(overrides)
     if args.scenarios:
         names = list(args.scenarios)
     elif args.trace:
@@ -656,7 +665,8 @@ def evaluate(args: argparse.Namespace) -> int:
     else:
         first = config.get("scenario", "prefix")
         names = list(dict.fromkeys([first, *(n for n in scenarios.SCENARIOS if n != "trace")]))
-    jobs = [(name, name, dict(settings)) for name in names]
+    trained_name = config.get("scenario") if model_path is not None else None
+    jobs = [(name, name, dict(trained_settings if name == trained_name else settings)) for name in names]
     jobs += [(f"trace:{Path(t).name}", "trace", {**settings, "trace": t}) for t in args.trace]
     n_nodes = set()
     for _, name, s in jobs:  # refuse bad scenarios, settings and traces before running anything
@@ -664,9 +674,10 @@ def evaluate(args: argparse.Namespace) -> int:
         n_nodes.add(cfg.n_nodes)
     learned = None
     if model_path is not None:
-        model = load_model(model_path, algo)
-        learned = PolicyRouter(model, f"learned-{algo}")
-        expected = model.observation_space.shape
+        # with the observation-normalisation statistics saved beside it (vecnormalize.pkl)
+        need = bool(config.get("normalize"))
+        learned = load_router(model_path, algo, f"learned-{algo}", device=device, require_normalization=need)
+        expected = learned.model.observation_space.shape
         for n in n_nodes:
             if (obs_size(n),) != expected:
                 raise ValueError(
