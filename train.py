@@ -2,13 +2,21 @@
 
     python train.py                                   # PPO on "prefix" (shared prefixes, prefix caching)
     python train.py --scenario bursty-dynamic --algo ppo --timesteps 2000000 --n-envs 512 --seed 1
-    python train.py --resume runs/prefix-ppo-seed0/checkpoints/model_100000_steps.zip --timesteps 100000
+    python train.py --resume runs/prefix-ppo-seed0/checkpoints/rl_model_32768_steps.zip --timesteps 100000
     tensorboard --logdir runs
 
-Writes `runs/<scenario>-<algo>-seed<seed>/`: `model.zip` (the final model), `best_model.zip` (the
-best on the held-out evaluation), `config.json` (what it was trained with), `checkpoints/`, and
-TensorBoard logs in `tb/` with SB3's curves, serving metrics of finished training episodes
-(`serving/...`) and a periodic evaluation against round-robin on held-out seeds (`eval/...`).
+Hyperparameters (and the defaults of --timesteps, --n-envs, --scenario, --episode-length) come
+from the algorithm's rl-zoo3-format file, `agents/hyperparams.yml` for PPO (--conf-file to use
+another). Writes `runs/<scenario>-<algo>-seed<seed>/`: `model.zip` (the final model),
+`best_model.zip` (the best on the held-out evaluation), the observation-normalisation statistics
+of each (`vecnormalize.pkl`, `best_model_vecnormalize.pkl`), `config.json` (what it was trained
+with), `checkpoints/` (models and their statistics), and TensorBoard logs in `tb/` with SB3's
+curves, serving metrics of training episodes (`serving/...`), a periodic evaluation against
+round-robin on held-out seeds (`eval/..._deterministic`, `eval/..._stochastic`) and a
+custom-scalars layout that puts serving metrics beside the learning curves.
+
+--resume continues a checkpoint in a new run directory (`<old run>-resumed`, or --run-name), on
+the old run's algorithm, scenario and settings unless given again; the old run is not touched.
 """
 
 from __future__ import annotations
@@ -23,14 +31,26 @@ from typing import Any
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
-import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from stable_baselines3.common.callbacks import BaseCallback, CallbackList, CheckpointCallback  # noqa: E402
+from stable_baselines3.common.logger import TensorBoardOutputFormat  # noqa: E402
 
 from agents.cli import parse_settings  # noqa: E402
 from agents.heuristics import RoundRobin  # noqa: E402
-from agents.hyperparams import hyperparams  # noqa: E402
-from agents.learners import ALGOS, PolicyRouter, behaviour_clone, check_algo, load_model, make_model  # noqa: E402
+from agents.hyperparams import conf_file, load, normalize_kwargs  # noqa: E402
+from agents.learners import (  # noqa: E402
+    ALGOS,
+    DEVICES,
+    PolicyRouter,
+    behaviour_clone,
+    check_algo,
+    check_device,
+    load_model,
+    load_normalization,
+    make_model,
+    normalize_env,
+    vecnormalize_path,
+)
 from agents.rollout import Rollout  # noqa: E402
 from agents.routers import ROUTERS, make_router  # noqa: E402
 from agents.sb3_vec_env import JaxVecEnv  # noqa: E402
@@ -53,25 +73,68 @@ SERVING_TAGS = (
     "throughput_rps",
 )
 EVAL_SEED_BASE = 5_000  # held-out evaluation seeds; evaluate.py uses another range
+MODES = ("deterministic", "stochastic")
+# TensorBoard custom-scalars layout (Custom Scalars tab): serving metrics beside learning curves.
+LAYOUT = {
+    "serving beside learning": {
+        "training episode return": ["Multiline", [r"rollout/ep_rew_mean"]],
+        "held-out objective (learned argmax, sampled; round-robin)": ["Multiline", [r"eval/objective_.*"]],
+        "held-out change vs round-robin (%)": ["Multiline", [r"eval/change_vs_round_robin_pct_.*"]],
+        "held-out e2e p99 (s)": ["Multiline", [r"eval/e2e_p99_.*"]],
+        "training e2e and TTFT p50 / p99 (s)": ["Multiline", [r"serving/(e2e|ttft)_p(50|99)"]],
+        "SLO attainment and drop rate": ["Multiline", [r"serving/slo_attainment", r"serving/drop_rate"]],
+        "prefix-cache hit rate": ["Multiline", [r"serving/cache_hit_rate"]],
+        "skew index (training, held-out)": ["Multiline", [r"serving/skew_index", r"eval/skew_index_.*"]],
+        "load share per node": ["Multiline", [r"serving/load_share_node\d+"]],
+        "critic explained variance": ["Multiline", [r"train/explained_variance", r"bc/value_.*"]],
+    },
+    "PPO diagnostics": {
+        "approximate KL and clip fraction": ["Multiline", [r"train/approx_kl", r"train/clip_fraction"]],
+        "losses": ["Multiline", [r"train/(loss|value_loss|policy_gradient_loss)"]],
+        "entropy": ["Multiline", [r"train/entropy_loss"]],
+        "learning rate": ["Multiline", [r"train/learning_rate"]],
+    },
+}
+
+
+class TrainingStartCallback(BaseCallback):
+    """At the start of training: the custom-scalars layout (once) and the warm start's results."""
+
+    def __init__(self, records: dict[str, float] | None = None):
+        super().__init__()
+        self.records = records or {}
+
+    def _on_training_start(self) -> None:
+        for fmt in self.logger.output_formats:
+            if isinstance(fmt, TensorBoardOutputFormat):
+                fmt.writer.add_custom_scalars(LAYOUT)
+                fmt.writer.flush()
+        for key, value in self.records.items():
+            self.logger.record(key, value)
+
+    def _on_step(self) -> bool:
+        return True
 
 
 class ServingMetricsCallback(BaseCallback):
-    """Records the serving metrics of training episodes as they finish (`serving/...`)."""
+    """Serving metrics of training episodes (`serving/...`): the mean over the episodes that
+    finished since the last dump (one rollout for PPO), each episode weighing the same."""
 
     def _on_step(self) -> bool:
-        finished = [info["metrics"] for info in self.locals["infos"] if "metrics" in info]
-        if finished:
+        for info in self.locals["infos"]:
+            m = info.get("metrics")
+            if m is None:
+                continue
             for tag in SERVING_TAGS:
-                self.logger.record(f"serving/{tag}", float(np.mean([m[tag] for m in finished])))
-            share = np.mean([m["load_share"] for m in finished], axis=0)
-            for node, value in enumerate(share):
-                self.logger.record(f"serving/load_share_node{node}", float(value))
+                self.logger.record_mean(f"serving/{tag}", float(m[tag]))
+            for node, value in enumerate(m["load_share"]):
+                self.logger.record_mean(f"serving/load_share_node{node}", float(value))
         return True
 
 
 class EvalVsRoundRobin(BaseCallback):
-    """Every `every` timesteps, the deterministic policy and round-robin on the same held-out seeds
-    (`eval/...`: objective of each, the policy's change against round-robin, its p99 latency)."""
+    """Every `every` timesteps, the policy (argmax and sampled actions) and round-robin on the same
+    held-out seeds (`eval/...`); the best argmax policy is saved with its normalisation statistics."""
 
     def __init__(self, scenario: str, settings: dict[str, Any], every: int, n_seeds: int, best_path: Path):
         super().__init__()
@@ -91,43 +154,59 @@ class EvalVsRoundRobin(BaseCallback):
 
     def evaluate(self) -> dict[str, float]:
         """Run the evaluation now and record it."""
-        res = self.rollout.run([PolicyRouter(self.model), self.baseline], self.seeds)
-        learned, rr = res["learned"], res["round-robin"]
+        norm = self.model.get_vec_normalize_env()
+        learned = [PolicyRouter(self.model, f"learned-{m}", m == "deterministic", norm) for m in MODES]
+        res = self.rollout.run([*learned, self.baseline], self.seeds)
+        rr = res["round-robin"]
         out = {
-            "eval/objective_learned": float(learned.cost.mean()),
             "eval/objective_round_robin": float(rr.cost.mean()),
-            "eval/change_vs_round_robin_pct": float(100 * (learned.cost.mean() / rr.cost.mean() - 1)),
-            "eval/e2e_p99_learned": float(learned.metrics["e2e_p99"].mean()),
             "eval/e2e_p99_round_robin": float(rr.metrics["e2e_p99"].mean()),
-            "eval/skew_index_learned": float(learned.metrics["skew_index"].mean()),
         }
+        for mode in MODES:
+            ep = res[f"learned-{mode}"]
+            out[f"eval/objective_learned_{mode}"] = float(ep.cost.mean())
+            out[f"eval/change_vs_round_robin_pct_{mode}"] = float(100 * (ep.cost.mean() / rr.cost.mean() - 1))
+            out[f"eval/e2e_p99_learned_{mode}"] = float(ep.metrics["e2e_p99"].mean())
+            out[f"eval/skew_index_learned_{mode}"] = float(ep.metrics["skew_index"].mean())
         for k, v in out.items():
             self.logger.record(k, v)
-        if learned.cost.mean() < self.best:  # model selection on held-out seeds, as rl-zoo3's best_model
-            self.best = float(learned.cost.mean())
+        cost = out["eval/objective_learned_deterministic"]
+        if cost < self.best:  # model selection on held-out seeds, as rl-zoo3's best_model
+            self.best = cost
             self.model.save(self.best_path)
+            if norm is not None:
+                norm.save(self.best_path.with_name(f"{self.best_path.stem}_vecnormalize.pkl"))
         return out
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--scenario", default="prefix", help=f"one of: {', '.join(scenarios.SCENARIOS)}")
-    p.add_argument("--algo", default="ppo", help=f"one of: {', '.join(ALGOS)}")
-    p.add_argument("--timesteps", type=int, default=65_536, help="environment steps (routing decisions)")
-    p.add_argument("--n-envs", type=int, default=128, help="clusters stepped together by the JAX core")
-    p.add_argument("--episode-length", type=int, default=256, help="requests per episode")
+    p.add_argument(
+        "--scenario",
+        default=None,
+        help=f"default: the hyperparameter file's (prefix); one of: {', '.join(scenarios.SCENARIOS)}",
+    )
+    p.add_argument("--algo", default=None, help=f"default ppo; one of: {', '.join(ALGOS)}")
+    p.add_argument("--conf-file", default=None, help="hyperparameter file (default: agents/hyperparams*.yml)")
+    p.add_argument("--timesteps", type=int, default=None, help="environment steps (default: n_timesteps)")
+    p.add_argument("--n-envs", type=int, default=None, help="clusters stepped together (default: n_envs)")
+    p.add_argument("--episode-length", type=int, default=None, help="requests per episode (default: file's)")
     p.add_argument("--load", type=float, default=None, help="override the scenario's load")
     p.add_argument("--trace", default=None, help="trace file to replay (scenario 'trace')")
     p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="other scenario settings")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="runs", help="parent directory of the run directory")
-    p.add_argument("--run-name", default=None, help="default: <scenario>-<algo>-seed<seed>")
+    p.add_argument(
+        "--run-name", default=None, help="default: <scenario>-<algo>-seed<seed>; resumed: <old run>-resumed"
+    )
     p.add_argument("--eval-every", type=int, default=32_768, help="timesteps between evaluations (0: none)")
     p.add_argument("--eval-seeds", type=int, default=8)
     p.add_argument("--checkpoint-every", type=int, default=32_768, help="timesteps between checkpoints")
     p.add_argument("--bc-teacher", default="jsq", help="heuristic the actor imitates first ('none': off)")
     p.add_argument("--bc-steps", type=int, default=16_384, help="environment steps of imitation data")
+    p.add_argument("--no-stagger", action="store_true", help="all clusters' first episodes of full length")
     p.add_argument("--resume", default=None, help="checkpoint .zip to continue training from")
+    p.add_argument("--device", default="cpu", help=f"torch device: {', '.join(DEVICES)} (default cpu)")
     p.add_argument("--torch-threads", type=int, default=1, help="1 leaves the other core to JAX")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
@@ -138,77 +217,151 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+def source_run(checkpoint: Path) -> Path:
+    """The run directory a checkpoint belongs to (`<run>/checkpoints/x.zip` or `<run>/x.zip`)."""
+    parent = checkpoint.resolve().parent
+    return parent.parent if parent.name == "checkpoints" else parent
+
+
+def resumed_dir(out: Path, old_run: Path, run_name: str | None) -> Path:
+    """A new run directory for a resumed run: `run_name`, else `<old>-resumed` (then -2, -3, ...
+    while taken); never the old run's directory."""
+    if run_name:
+        run_dir = out / run_name
+    else:
+        run_dir = out / f"{old_run.name}-resumed"
+        k = 2
+        while run_dir.exists():
+            run_dir = out / f"{old_run.name}-resumed-{k}"
+            k += 1
+    if run_dir.resolve() == old_run.resolve():
+        raise ValueError(
+            f"--resume would write into the checkpoint's own run {str(old_run)!r}; give another --run-name"
+        )
+    return run_dir
+
+
 def train(args: argparse.Namespace) -> int:
     """Train as `args` say; returns the exit status."""
-    check_algo(args.algo)
+    old_config: dict[str, Any] = {}
+    old_run = None
+    if args.resume:
+        if not Path(args.resume).is_file():
+            raise FileNotFoundError(f"checkpoint {args.resume!r} does not exist")
+        old_run = source_run(Path(args.resume))
+        if (old_run / "config.json").is_file():
+            old_config = json.loads((old_run / "config.json").read_text())
+    algo = args.algo or old_config.get("algo", "ppo")
+    check_algo(algo)
+    device = check_device(args.device)
     if args.bc_teacher not in ("none", *ROUTERS):
         valid = ", ".join(ROUTERS)
         raise ValueError(f"unknown router {args.bc_teacher!r} for --bc-teacher; valid: none, {valid}")
-    if args.bc_teacher != "none" and args.algo == "dqn":
+    if args.bc_teacher != "none" and algo == "dqn" and not args.resume:
         raise ValueError(
             "--bc-teacher needs an actor-critic algorithm (ppo, a2c, maskable-ppo); use --bc-teacher none"
         )
-    if args.timesteps < 1 or args.n_envs < 1:
-        raise ValueError("--timesteps and --n-envs must be positive")
-    settings = {"episode_length": args.episode_length, **parse_settings(args.set)}
+    conf = Path(args.conf_file) if args.conf_file else conf_file(algo)
+    env_defaults = dict(load(algo, None, conf).get("env_kwargs") or {})
+    scenario = args.scenario or old_config.get("scenario") or env_defaults.pop("scenario", "prefix")
+    entry = load(algo, scenario, conf)
+    env_kwargs = {k: v for k, v in (entry.get("env_kwargs") or {}).items() if k != "scenario"}
+    same = "settings" in old_config and old_config.get("scenario") == scenario
+    settings = dict(old_config["settings"]) if same else env_kwargs
+    if args.episode_length is not None:
+        settings["episode_length"] = args.episode_length
+    settings.update(parse_settings(args.set))
     if args.load is not None:
         settings["load"] = args.load
     if args.trace is not None:
         settings["trace"] = args.trace
-    scenarios.make(args.scenario, **settings)  # refuse bad settings before anything is written
-    if args.resume and not Path(args.resume).is_file():
-        raise FileNotFoundError(f"checkpoint {args.resume!r} does not exist")
+    timesteps = args.timesteps if args.timesteps is not None else int(entry.get("n_timesteps", 65_536))
+    n_envs = args.n_envs or int(old_config.get("n_envs") or entry.get("n_envs", 128))
+    if timesteps < 1 or n_envs < 1:
+        raise ValueError("--timesteps and --n-envs must be positive")
+    scenarios.make(scenario, **settings)  # refuse bad settings before anything is written
+    norm_kwargs = normalize_kwargs(entry)
+    stats = None
+    if args.resume:
+        stats = vecnormalize_path(args.resume)
+        if stats is None and (old_config.get("normalize") if old_config else norm_kwargs):
+            raise FileNotFoundError(f"checkpoint {args.resume!r} has no normalisation statistics beside it")
     torch.set_num_threads(args.torch_threads)
-    run_dir = Path(args.out) / (args.run_name or f"{args.scenario}-{args.algo}-seed{args.seed}")
+    out = Path(args.out)
+    if old_run is not None:
+        run_dir = resumed_dir(out, old_run, args.run_name)
+    else:
+        run_dir = out / (args.run_name or f"{scenario}-{algo}-seed{args.seed}")
     run_dir.mkdir(parents=True, exist_ok=True)
 
-    env = JaxVecEnv(args.n_envs, args.scenario, seed=args.seed, **settings)
+    env = JaxVecEnv(n_envs, scenario, seed=args.seed, stagger=not args.no_stagger, **settings)
+    records: dict[str, float] = {}
+    bc: dict[str, float] | None = None
     if args.resume:
-        model = load_model(args.resume, args.algo, env=env)
+        if stats is not None:
+            env = load_normalization(stats, env)
+            env.training = True  # statistics keep tracking the data, as in the old run
+        model = load_model(args.resume, algo, env=env, device=device)
         model.tensorboard_log = str(run_dir / "tb")
     else:
-        model = make_model(args.algo, env, args.scenario, args.seed, str(run_dir / "tb"))
+        env = normalize_env(env, norm_kwargs)
+        model = make_model(algo, env, scenario, args.seed, str(run_dir / "tb"), device=device, entry=entry)
         if args.bc_teacher != "none":
-            teacher = make_router(args.bc_teacher, env.n_nodes)
-            agreement = behaviour_clone(model, env, teacher, args.bc_steps)
-            print(f"imitated {args.bc_teacher} for {args.bc_steps} steps: agreement {agreement:.3f}")
+            teacher = make_router(args.bc_teacher, int(model.action_space.n))
+            bc = behaviour_clone(model, env, teacher, args.bc_steps)
+            records = {f"bc/{k}": bc[k] for k in ("agreement", "value_explained_variance")}
+            print(
+                f"imitated {args.bc_teacher} for {bc['samples']} steps: agreement {bc['agreement']:.3f}, "
+                f"critic explained variance {bc['value_explained_variance']:.3f}"
+            )
     callbacks = [
+        TrainingStartCallback(records),
         ServingMetricsCallback(),
-        CheckpointCallback(max(args.checkpoint_every // args.n_envs, 1), str(run_dir / "checkpoints")),
+        CheckpointCallback(
+            max(args.checkpoint_every // n_envs, 1),
+            str(run_dir / "checkpoints"),
+            save_vecnormalize=True,
+        ),
     ]
     evaluator = None
     if args.eval_every > 0:
-        evaluator = EvalVsRoundRobin(
-            args.scenario, settings, args.eval_every, args.eval_seeds, run_dir / "best_model.zip"
-        )
+        best = run_dir / "best_model.zip"
+        evaluator = EvalVsRoundRobin(scenario, settings, args.eval_every, args.eval_seeds, best)
         callbacks.append(evaluator)
     start = time.time()
     model.learn(
-        args.timesteps,
+        timesteps,
         callback=CallbackList(callbacks),
         progress_bar=not args.no_progress,
         reset_num_timesteps=not args.resume,
-        tb_log_name=args.algo,
+        tb_log_name=algo,
     )
     seconds = time.time() - start
     final_eval = {}
     if evaluator is not None:
-        evaluator.model = model
         final_eval = evaluator.evaluate()
         model.logger.dump(model.num_timesteps)
     model.save(run_dir / "model.zip")
+    norm = model.get_vec_normalize_env()
+    if norm is not None:
+        norm.save(run_dir / "vecnormalize.pkl")
     config = {
-        "algo": args.algo,
-        "scenario": args.scenario,
+        "algo": algo,
+        "scenario": scenario,
         "settings": settings,
         "seed": args.seed,
-        "n_envs": args.n_envs,
+        "n_envs": n_envs,
+        "stagger": not args.no_stagger,
+        "device": device,
         "timesteps": int(model.num_timesteps),
         "train_seconds": round(seconds, 1),
-        "steps_per_second": round(args.timesteps / seconds, 1),
+        "steps_per_second": round(timesteps / seconds, 1),
         "resumed_from": args.resume,
         "bc_teacher": None if args.resume or args.bc_teacher == "none" else args.bc_teacher,
-        "hyperparams": hyperparams(args.algo, args.scenario),
+        "bc": bc,
+        "conf_file": str(conf),
+        "hyperparams": old_config.get("hyperparams", entry) if args.resume else entry,
+        "normalize": None if norm is None else {"norm_obs": norm.norm_obs, "norm_reward": norm.norm_reward},
         "final_eval": final_eval,
     }
     (run_dir / "config.json").write_text(json.dumps(config, indent=2, default=str))
@@ -219,10 +372,12 @@ def train(args: argparse.Namespace) -> int:
     )
     if final_eval:
         e = final_eval
-        print(
-            f"held-out evaluation: objective {e['eval/objective_learned']:.1f} vs round-robin "
-            f"{e['eval/objective_round_robin']:.1f} ({e['eval/change_vs_round_robin_pct']:+.2f}%)"
-        )
+        for mode in MODES:
+            print(
+                f"held-out evaluation ({mode}): objective {e[f'eval/objective_learned_{mode}']:.1f} vs "
+                f"round-robin {e['eval/objective_round_robin']:.1f} "
+                f"({e[f'eval/change_vs_round_robin_pct_{mode}']:+.2f}%)"
+            )
     return 0
 
 

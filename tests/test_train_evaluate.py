@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,7 +64,20 @@ def test_train_saves_a_loadable_model_with_config_and_checkpoints(trained):
     config = json.loads((trained / "config.json").read_text())
     assert config["algo"] == "ppo" and config["scenario"] == "prefix" and config["timesteps"] >= 256
     assert config["settings"]["episode_length"] == 16
-    assert list((trained / "checkpoints").glob("*.zip"))
+    assert config["hyperparams"]["target_kl"] == 0.02 and config["stagger"] is True
+    assert config["normalize"] == {"norm_obs": True, "norm_reward": False}
+    assert {"agreement", "value_explained_variance"} <= set(config["bc"])
+    assert list((trained / "checkpoints").glob("*_steps.zip"))
+    for stats in ("vecnormalize.pkl", "best_model_vecnormalize.pkl"):
+        assert (trained / stats).is_file(), stats
+    assert list((trained / "checkpoints").glob("*_vecnormalize_*_steps.pkl"))
+
+
+def _events(run: Path):
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+    for path in (run / "tb").rglob("events.out.tfevents*"):
+        yield from EventFileLoader(str(path)).Load()
 
 
 def test_train_logs_serving_and_eval_metrics_to_tensorboard(trained):
@@ -83,34 +97,124 @@ def test_train_logs_serving_and_eval_metrics_to_tensorboard(trained):
         "serving/energy_per_request_j",
         "serving/skew_index",
         "serving/load_share_node0",
-        "eval/objective_learned",
+        "eval/objective_learned_deterministic",
+        "eval/objective_learned_stochastic",
         "eval/objective_round_robin",
-        "eval/change_vs_round_robin_pct",
+        "eval/change_vs_round_robin_pct_deterministic",
+        "eval/change_vs_round_robin_pct_stochastic",
+        "bc/agreement",
+        "bc/value_explained_variance",
         "rollout/ep_rew_mean",
     ):
         assert tag in tags, f"{tag} missing from {sorted(tags)}"
 
 
-def test_train_resumes_from_a_checkpoint(trained, tmp_path):
-    checkpoint = sorted((trained / "checkpoints").glob("*.zip"))[0]
+def test_train_writes_a_custom_scalars_layout_once(trained):
+    from tensorboard.plugins.custom_scalar import layout_pb2
+
+    layouts = [
+        v.tensor.string_val[0]
+        for event in _events(trained)
+        for v in event.summary.value
+        if v.tag == "custom_scalars__config__"
+    ]
+    assert len(layouts) == 1
+    layout = layout_pb2.Layout()
+    layout.ParseFromString(layouts[0])
+    charts = {c.title: list(c.multiline.tag) for cat in layout.category for c in cat.chart}
+    assert any("eval/objective_" in t for tags in charts.values() for t in tags)
+    assert any("serving/" in t for tags in charts.values() for t in tags)
+    assert any("rollout/ep_rew_mean" in t for tags in charts.values() for t in tags)
+
+
+def _digest(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_train_resumes_from_a_checkpoint_into_a_new_run(trained):
+    checkpoint = sorted((trained / "checkpoints").glob("*_steps.zip"))[0]
+    kept = {name: _digest(trained / name) for name in ("best_model.zip", "model.zip", "config.json")}
     proc = run(
         "train.py",
-        *TINY,
         "--n-envs",
         "8",
         "--timesteps",
         "128",
         "--eval-every",
-        "0",
+        "128",
+        "--eval-seeds",
+        "2",
         "--resume",
         str(checkpoint),
         "--out",
-        str(tmp_path),
+        str(trained.parent),
         "--no-progress",
     )
     assert proc.returncode == 0, proc.stderr
-    config = json.loads((tmp_path / "prefix-ppo-seed0" / "config.json").read_text())
+    assert {name: _digest(trained / name) for name in kept} == kept  # the old run is untouched
+    resumed = trained.parent / f"{trained.name}-resumed"
+    config = json.loads((resumed / "config.json").read_text())
     assert config["timesteps"] > 128 and config["resumed_from"] == str(checkpoint)
+    # the old run's algorithm, scenario and settings, without repeating them
+    assert config["algo"] == "ppo" and config["scenario"] == "prefix"
+    assert config["settings"]["episode_length"] == 16
+    for name in ("model.zip", "best_model.zip", "vecnormalize.pkl", "best_model_vecnormalize.pkl"):
+        assert (resumed / name).is_file(), name
+
+
+def test_resume_never_writes_into_the_checkpoints_run(tmp_path):
+    train = load_script("train")
+    old = tmp_path / "runs" / "prefix-ppo-seed0"
+    (old / "checkpoints").mkdir(parents=True)
+    checkpoint = old / "checkpoints" / "rl_model_64_steps.zip"
+    assert train.source_run(checkpoint) == old.resolve()
+    assert train.source_run(old / "best_model.zip") == old.resolve()
+    assert train.resumed_dir(tmp_path / "runs", old, None) == tmp_path / "runs" / "prefix-ppo-seed0-resumed"
+    (tmp_path / "runs" / "prefix-ppo-seed0-resumed").mkdir()
+    assert train.resumed_dir(tmp_path / "runs", old, None).name == "prefix-ppo-seed0-resumed-2"
+    with pytest.raises(ValueError, match="own run"):
+        train.resumed_dir(tmp_path / "runs", old, "prefix-ppo-seed0")
+
+
+def test_evaluate_uses_the_runs_scenario_and_settings(trained, tmp_path, monkeypatch):
+    """The training scenario runs with every setting of config.json (--set and --load still
+    override); the other scenarios keep their own settings but the model's cluster and episodes."""
+    import shutil
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    for name in ("model.zip", "vecnormalize.pkl"):
+        shutil.copy(trained / name, run_dir / name)
+    config = json.loads((trained / "config.json").read_text())
+    config["scenario"] = "bursty"
+    config["settings"] = {"episode_length": 16, "load": 0.3, "burst_ratio": 4.0, "queue_capacity": 32}
+    (run_dir / "config.json").write_text(json.dumps(config))
+    evaluate = load_script("evaluate")
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def capture(fn, tasks, *rest):
+        seen.update({t["name"]: t["settings"] for t in tasks})
+        seen["learned"] = tasks[0]["learned"]
+        raise Stop
+
+    monkeypatch.setattr(evaluate, "run_tasks", capture)
+    argv = ["--model", str(run_dir / "model.zip"), "--scenarios", "bursty", "steady", "--seeds", "2"]
+    with pytest.raises(Stop):
+        evaluate.main(
+            [*argv, "--set", "queue_capacity=16", "--regime-grid", "none", "--out", str(tmp_path / "r")]
+        )
+    assert seen["bursty"] == {"episode_length": 16, "load": 0.3, "burst_ratio": 4.0, "queue_capacity": 16}
+    assert seen["steady"] == {"episode_length": 16, "queue_capacity": 16}
+    assert seen["learned"].obs_rms is not None  # the statistics beside the model are applied
+    seen.clear()
+    with pytest.raises(Stop):
+        evaluate.main([*argv, "--load", "0.5", "--regime-grid", "none", "--out", str(tmp_path / "r")])
+    assert seen["bursty"]["load"] == 0.5 and seen["bursty"]["burst_ratio"] == 4.0
 
 
 def test_evaluate_writes_table_and_plots(trained, tmp_path):
@@ -159,6 +263,8 @@ def test_evaluate_writes_table_and_plots(trained, tmp_path):
         (["--bc-teacher", "oracle"], "unknown router 'oracle'"),
         (["--resume", "missing.zip"], "checkpoint 'missing.zip' does not exist"),
         (["--set", "n_nodes=0"], "'n_nodes' must be a positive integer"),
+        (["--device", "tpu"], "unknown device 'tpu'"),
+        (["--conf-file", "missing.yml"], "hyperparameter file 'missing.yml' does not exist"),
     ],
 )
 def test_train_refuses_bad_input(argv, message, tmp_path, capsys):
@@ -176,6 +282,7 @@ def test_train_refuses_bad_input(argv, message, tmp_path, capsys):
         (["--model", "missing.zip"], "checkpoint 'missing.zip' does not exist"),
         (["--algo", "sarsa"], "unknown algorithm 'sarsa'"),
         (["--trace", "BAD"], "line 2"),
+        (["--device", "tpu"], "unknown device 'tpu'"),
     ],
 )
 def test_evaluate_refuses_bad_input(argv, message, tmp_path, capsys):
@@ -188,3 +295,24 @@ def test_evaluate_refuses_bad_input(argv, message, tmp_path, capsys):
     assert code != 0
     assert message in capsys.readouterr().err
     assert not out.exists()
+
+
+@pytest.mark.slow
+def test_rl_zoo3_trains_from_the_same_hyperparameter_file(tmp_path):
+    """`python -m rl_zoo3.train --algo ppo --env BurstBalance-v0 --gym-packages burstgym
+    --conf-file agents/hyperparams.yml -n 256` works, and its model loads as a router with its
+    normalisation statistics."""
+    pytest.importorskip("rl_zoo3", reason="rl-zoo3 is not installed (pip install -e '.[dev]')")
+    from agents.learners import load_router, vecnormalize_path
+
+    cmd = [sys.executable, "-m", "rl_zoo3.train", "--algo", "ppo", "--env", "BurstBalance-v0"]
+    cmd += ["--gym-packages", "burstgym", "--conf-file", "agents/hyperparams.yml", "-n", "256"]
+    cmd += ["-f", str(tmp_path), "--seed", "0"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    (model,) = tmp_path.glob("ppo/BurstBalance-v0_*/BurstBalance-v0.zip")
+    assert vecnormalize_path(model) == model.parent / "BurstBalance-v0" / "vecnormalize.pkl"
+    router = load_router(model, "ppo", require_normalization=True)
+    assert type(router.model.policy).__name__ == "NodeScoringPolicy"
+    obs = np.zeros((2, router.model.observation_space.shape[0]), dtype=np.float32)
+    assert router(obs).shape == (2,)
