@@ -134,9 +134,15 @@ def step_clusters(
     return jax.vmap(core._close)(st, params)
 
 
-def _episode_fn(cfg: EnvConfig, routers: tuple[Any, ...]):
+def chunk_size(n_clusters: int, target: int) -> int:
+    """The largest divisor of `n_clusters` that is at most `target` (at least 1)."""
+    target = max(1, min(target, n_clusters))
+    return max(d for d in range(1, target + 1) if n_clusters % d == 0)
+
+
+def _episode_fn(cfg: EnvConfig, routers: tuple[Any, ...], chunk: int | None):
     """(states, router index, router seeds, streams, params) -> outputs, for one shard of clusters
-    (params per cluster)."""
+    (params per cluster), `chunk` clusters vmapped at a time (None: all)."""
     core = BurstBalance(cfg)
     n, e = cfg.n_nodes, cfg.episode_length
 
@@ -166,10 +172,23 @@ def _episode_fn(cfg: EnvConfig, routers: tuple[Any, ...]):
 
         init = (states, rstates, jnp.full(c, e, jnp.int32), jnp.zeros(c, jnp.int32))
         (states, _, first_k, first_bits), rewards = jax.lax.scan(body, init, jnp.arange(e, dtype=jnp.int32))
+        return states, rewards.T, first_k, first_bits
+
+    def chunked(states, ridx, rseed, stream, params):
+        c = ridx.shape[0]
+        k = c if chunk is None else chunk_size(c, chunk)
+        args = (states, ridx, rseed, stream, params)
+        if k == c:
+            out = run(*args)
+        else:
+            split = jax.tree.map(lambda x: x.reshape((c // k, k) + x.shape[1:]), args)
+            out = jax.lax.map(lambda a: run(*a), split)
+            out = jax.tree.map(lambda x: x.reshape((c,) + x.shape[2:]), out)
+        states, rewards, first_k, first_bits = out
         metrics = jax.vmap(core.metrics)(states, params)
         log = states.log
         return {
-            "rewards": rewards.T,
+            "rewards": rewards,
             "node": log.node,
             "dropped": log.dropped,
             "ttft": log.ttft,
@@ -180,7 +199,7 @@ def _episode_fn(cfg: EnvConfig, routers: tuple[Any, ...]):
             "error_first": first_bits,
         }
 
-    return run
+    return chunked
 
 
 def _reset_fn(cfg: EnvConfig):
@@ -224,13 +243,20 @@ def rollout(
     router_seeds: Sequence[int] | None = None,
     shard: bool = True,
     devices: Sequence[Any] | None = None,
+    chunk: int | str | None = "auto",
     check: bool = True,
 ) -> EpisodeBatch:
     """Episodes of every router in `routers` on every seed in `seeds` (see the module docstring).
 
     `router_seeds` (default: each router's `seed` attribute, else 0) seed the routers' PRNG keys,
     folded with each episode's seed. `shard=False` keeps every cluster on the default device.
-    With `check` (default) the first simulation error is raised after the call."""
+    `chunk` clusters are vmapped together and the groups run one after another (`lax.map`); None
+    vmaps every cluster of a device at once; "auto" (default) is 1 on CPU, where a vmapped batch
+    runs each step's event loops for as long as its slowest cluster needs and gains nothing,
+    and None on accelerators. With `check` (default) the first simulation error is raised after
+    the call."""
+    if chunk == "auto":
+        chunk = 1 if jax.default_backend() == "cpu" else None
     routers = tuple(routers)
     if not routers:
         raise ValueError("rollout needs at least one router")
@@ -260,7 +286,7 @@ def rollout(
     args = (states, ridx, rseed, seed_arr, params)
     donate = (0,) if jax.default_backend() != "cpu" else ()
     episode, t_episode = _compiled(
-        _EPISODE, (shared, routers), lambda: _episode_fn(cfg, routers), args, mesh, donate
+        _EPISODE, (shared, routers, chunk), lambda: _episode_fn(cfg, routers, chunk), args, mesh, donate
     )
     start = time.perf_counter()
     out = episode(*args)
