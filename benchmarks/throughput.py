@@ -1,12 +1,17 @@
-"""Routing decisions per second: the vector environment at several batch sizes, the single
+"""Routing decisions per second: the JAX rollout engine (whole episodes in one jitted scan, JAX
+routers) at several cluster counts, the vector environment at several batch sizes, the single
 Gymnasium environment, and the plain-Python reference simulator, measured in one run.
 
-Each configuration runs whole episodes (the final, draining step included) with round-robin
-actions after a warm-up episode that pays the JIT compile, and reports decisions (environment
-steps) per second of wall time.
+Each configuration runs whole episodes (the final, draining step included) and reports decisions
+(routing steps) per second of wall time, compile time excluded: the environments and the
+reference are driven with round-robin actions after a warm-up episode that pays the JIT compile;
+the JAX rollout (`burstgym.rollout`, routed by `agents.jax_routers`) is compiled ahead of time,
+and its compile time is reported apart. A JAX size whose run the previous size predicts to take
+longer than `--budget-s` is skipped and reported as not measured.
 
-    python benchmarks/throughput.py                      # 1, 256, 4096 environments
-    python benchmarks/throughput.py --batch 1 64 --episode-length 128 --json out.json
+    python benchmarks/throughput.py                      # JAX 1, 256, 4096 clusters; env 1, 256, 4096
+    python benchmarks/throughput.py --scenario prefix --jax-clusters 1 256 --batch 1 32 --json out.json
+    python benchmarks/throughput.py --gpu-sizes          # adds 65,536 clusters (default on GPUs only)
 """
 
 from __future__ import annotations
@@ -23,8 +28,12 @@ import numpy as np  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from burstgym import reference  # noqa: E402
+from agents.jax_routers import make_jax_router  # noqa: E402
+from burstgym import reference, scenarios  # noqa: E402
 from burstgym.gym_env import BurstBalanceEnv, BurstBalanceVectorEnv  # noqa: E402
+from burstgym.rollout import rollout  # noqa: E402
+
+GPU_SIZES = (65_536,)
 
 
 def vector_rate(n_envs: int, scenario: str, settings: dict, episodes: int) -> float:
@@ -81,39 +90,133 @@ def reference_rate(scenario: str, settings: dict, episodes: int) -> float:
     return total / elapsed
 
 
+def jax_rate(
+    clusters: int, router: str, scenario: str, settings: dict, chunk, min_seconds: float = 1.0
+) -> tuple[float, float, float]:
+    """(decisions/s, compile seconds, run seconds) of the JAX rollout of `clusters` episodes routed
+    by the JAX `router`; runs are repeated on fresh seeds until `min_seconds` have been timed."""
+    cfg, params = scenarios.make(scenario, **settings)
+    routers = [make_jax_router(router)]
+    compile_s, run_s, runs = 0.0, 0.0, 0
+    while runs < 20 and (runs == 0 or run_s < min_seconds):
+        seeds = list(range(runs * clusters, (runs + 1) * clusters))
+        batch = rollout(cfg, params, routers, seeds, chunk=chunk)
+        compile_s += batch.compile_s
+        run_s += batch.run_s
+        runs += 1
+    return clusters * cfg.episode_length * runs / run_s, compile_s, run_s / runs
+
+
+def device_name() -> str:
+    d = jax.devices()[0]
+    kind = getattr(d, "device_kind", d.platform)
+    if d.platform == "cpu":
+        return f"cpu ({os.cpu_count()} cores)"
+    return f"{d.platform} ({kind}) x{len(jax.devices())}"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--scenario", default="bursty")
-    ap.add_argument("--batch", type=int, nargs="+", default=[1, 256, 4096], help="vector env sizes")
+    ap.add_argument("--batch", type=int, nargs="*", default=[1, 256, 4096], help="vector env sizes")
+    ap.add_argument("--jax-clusters", type=int, nargs="*", default=[1, 256, 4096], help="JAX rollout sizes")
+    ap.add_argument(
+        "--gpu-sizes",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help=f"also run the JAX rollout at {', '.join(f'{g:,}' for g in GPU_SIZES)} clusters "
+        "(default: on a GPU or TPU only)",
+    )
+    ap.add_argument("--jax-routers", nargs="+", default=["round-robin", "least-tokens"])
+    ap.add_argument("--chunk", default="auto", help="clusters vmapped together (auto, all, or a number)")
+    ap.add_argument(
+        "--budget-s", type=float, default=180.0, help="skip a JAX size predicted to run longer than this"
+    )
     ap.add_argument("--episode-length", type=int, default=128)
     ap.add_argument("--episodes", type=int, default=1, help="timed episodes per configuration")
     ap.add_argument("--json", help="also write the figures to this JSON file")
     args = ap.parse_args()
+    chunk = {"auto": "auto", "all": None}[args.chunk] if args.chunk in ("auto", "all") else int(args.chunk)
+    gpu = jax.default_backend() != "cpu" if args.gpu_sizes is None else args.gpu_sizes
+    sizes = list(args.jax_clusters) + [g for g in GPU_SIZES if g not in args.jax_clusters]
     settings = {"episode_length": args.episode_length}
-    console = Console()
-    rates: dict[str, float] = {}
+    console = Console(width=max(Console().width, 120))
+    device = device_name()
+    rates: dict[str, float | None] = {}
+    entries: list[dict] = []
+
+    def entry(name: str, engine: str, clusters: int, rate: float | None, **extra) -> None:
+        rates[name] = rate
+        entries.append(
+            {
+                "configuration": name,
+                "engine": engine,
+                "clusters": clusters,
+                "decisions_per_s": rate,
+                "scenario": args.scenario,
+                "episode_length": args.episode_length,
+                "device": device,
+                "jax_version": jax.__version__,
+                **extra,
+            }
+        )
+
     with console.status("single Gymnasium environment"):
-        rates["gymnasium env (1)"] = single_rate(args.scenario, settings, args.episodes)
+        entry("gymnasium env (1)", "gymnasium", 1, single_rate(args.scenario, settings, args.episodes))
     with console.status("reference simulator"):
-        rates["reference simulator"] = reference_rate(args.scenario, settings, args.episodes)
+        entry("reference simulator", "reference", 1, reference_rate(args.scenario, settings, args.episodes))
     for b in args.batch:
         with console.status(f"vector env x{b}"):
-            rates[f"vector env ({b})"] = vector_rate(b, args.scenario, settings, args.episodes)
+            rate = vector_rate(b, args.scenario, settings, args.episodes)
+        entry(f"vector env ({b})", "vector env", b, rate)
+    for router in args.jax_routers:
+        last = None  # (clusters, decisions/s) of the previous size
+        for c in sizes:
+            name = f"jax rollout, {router} ({c})"
+            if c in GPU_SIZES and c not in args.jax_clusters and not gpu:
+                entry(name, "jax rollout", c, None, router=router, note="not measured (--gpu-sizes off)")
+                continue
+            predicted = None if last is None else c * args.episode_length / last[1]
+            if predicted is not None and predicted > args.budget_s:
+                note = f"not measured (predicted {predicted:,.0f} s > --budget-s {args.budget_s:g})"
+                entry(name, "jax rollout", c, None, router=router, note=note)
+                continue
+            with console.status(f"jax rollout, {router} x{c}"):
+                rate, compile_s, run_s = jax_rate(c, router, args.scenario, settings, chunk)
+            extra = {"router": router, "compile_s": compile_s, "run_s": run_s, "chunk": str(chunk)}
+            entry(name, "jax rollout", c, rate, **extra)
+            last = (c, rate)
     single = rates["gymnasium env (1)"]
+    reference_dps = rates["reference simulator"]
     table = Table(
         title=f"decisions/s, scenario {args.scenario}, episode_length {args.episode_length}, "
-        f"{os.cpu_count()} CPUs, jax {jax.__version__} on {jax.default_backend()}"
+        f"{device}, jax {jax.__version__} on {jax.default_backend()}"
     )
     table.add_column("configuration")
     table.add_column("decisions/s", justify="right")
     table.add_column("x single env", justify="right")
-    for name, r in rates.items():
-        table.add_row(name, f"{r:,.0f}", f"{r / single:,.1f}")
+    table.add_column("x reference", justify="right")
+    table.add_column("compile s", justify="right")
+    for e in entries:
+        r = e["decisions_per_s"]
+        if r is None:
+            table.add_row(e["configuration"], e.get("note", "not measured"), "", "", "")
+            continue
+        compile_s = f"{e['compile_s']:.1f}" if "compile_s" in e else ""
+        ratios = f"{r / single:,.1f}", f"{r / reference_dps:,.1f}"
+        table.add_row(e["configuration"], f"{r:,.0f}", *ratios, compile_s)
     console.print(table)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(
-                {"scenario": args.scenario, "episode_length": args.episode_length, "rates": rates},
+                {
+                    "scenario": args.scenario,
+                    "episode_length": args.episode_length,
+                    "device": device,
+                    "jax_version": jax.__version__,
+                    "rates": rates,
+                    "entries": entries,
+                },
                 f,
                 indent=2,
             )
