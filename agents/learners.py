@@ -5,6 +5,7 @@ and a wrapper that routes with a trained model."""
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from burstgym.observation import GLOBAL_FEATURES, NODE_FEATURES
 
 ALGOS: dict[str, type[BaseAlgorithm]] = {"ppo": PPO, "a2c": A2C, "dqn": DQN, "maskable-ppo": MaskablePPO}
 DEVICES = ("auto", "cpu", "cuda")
+BC_EPOCHS, BC_BATCH = 20, 256  # warm-start optimisation (docs/agents.md, "Training set-up")
 
 
 def check_algo(algo: str) -> None:
@@ -252,42 +254,34 @@ def _returns(rewards, dones, bootstrap, last_value, gamma) -> np.ndarray:
     return out
 
 
-def behaviour_clone(
-    model: BaseAlgorithm,
-    env,
-    teacher,
-    steps: int,
-    epochs: int = 4,
-    batch_size: int = 1024,
-    critic: bool = True,
-) -> dict[str, float]:
-    """Warm-start an actor-critic `model` on the heuristic `teacher`'s rollouts on `env` for
-    `steps` environment steps: the actor by cross-entropy on the teacher's actions and, with
-    `critic`, the value head by regression on the discounted returns (`model.gamma`) of those
-    rollouts. Returns are bootstrapped from the critic's own value where a rollout stops before its
-    episode does (the end of the collection, a truncated episode), and recomputed before every
-    epoch as the critic improves. With a VecNormalize `env`, statistics are gathered during the
-    collection and every observation is normalised with the final ones.
+@dataclass
+class TeacherData:
+    """A heuristic's rollout on a vector env, time-major ([T, B, ...]); observations raw."""
 
-    Returns {"agreement": fraction of the teacher's actions the actor takes (argmax),
-    "value_explained_variance": the critic's explained variance of the returns (as SB3's
-    `train/explained_variance`, on the imitation data), "value_explained_variance_initial": the
-    same before the warm start, "samples": the number of observations}."""
-    if not hasattr(model.policy, "get_distribution"):
-        raise ValueError(f"behaviour cloning needs an actor-critic policy, not {type(model.policy).__name__}")
+    obs: np.ndarray  # [T, B, D]
+    actions: np.ndarray  # [T, B]
+    rewards: np.ndarray  # [T, B] (unnormalised)
+    dones: np.ndarray  # [T, B]
+    truncated: np.ndarray  # [T, B] episode ended by truncation (bootstrap from terminal_obs)
+    terminal_obs: np.ndarray  # [T, B, D] raw terminal observation where truncated
+    last_obs: np.ndarray  # [B, D] the observation after the last step
+
+
+def collect_teacher(env, teacher, steps: int) -> TeacherData:
+    """`teacher`'s rollout on `env` for `steps` environment steps (a VecNormalize `env` keeps
+    updating its statistics; raw observations and rewards are kept)."""
     norm = env if isinstance(env, VecNormalize) else None
-    gamma = float(getattr(model, "gamma", 0.99))
 
     def raw(obs):
         return norm.get_original_obs() if norm is not None else obs
 
     obs = raw(env.reset())
     teacher.reset(env.num_envs)
-    xs, ys, rs, ds, trunc_obs, truncs = [], [], [], [], [], []
+    xs, ys, rs, ds, cuts, terms = [], [], [], [], [], []
     for _ in range(max(steps // env.num_envs, 1)):
         actions = teacher(obs, env.action_masks(), env.router_views())
         xs.append(obs)
-        ys.append(actions)
+        ys.append(np.asarray(actions))
         new_obs, reward, done, infos = env.step(actions)
         rs.append(norm.get_original_reward() if norm is not None else reward)
         ds.append(done)
@@ -296,40 +290,65 @@ def behaviour_clone(
         for i in np.flatnonzero(done):
             if infos[i].get("TimeLimit.truncated"):
                 cut[i] = True
-                t_obs = infos[i]["terminal_observation"]
+                t_obs = infos[i]["terminal_observation"]  # VecNormalize normalised it in place
                 term[i] = norm.unnormalize_obs(t_obs) if norm is not None else t_obs
-        trunc_obs.append(term)
-        truncs.append(cut)
+        cuts.append(cut)
+        terms.append(term)
         obs = raw(new_obs)
+    return TeacherData(
+        np.stack(xs),
+        np.stack(ys),
+        np.stack(rs).astype(np.float64),
+        np.stack(ds),
+        np.stack(cuts),
+        np.stack(terms),
+        np.asarray(obs),
+    )
+
+
+def fit_warm_start(
+    model: BaseAlgorithm,
+    data: TeacherData,
+    normalize: VecNormalize | None = None,
+    epochs: int = BC_EPOCHS,
+    batch_size: int = BC_BATCH,
+    critic: bool = True,
+    lr: float = 1e-3,
+) -> dict[str, float]:
+    """Fit `model`'s actor (cross-entropy on the teacher's actions) and, with `critic`, its value
+    head (regression on discounted returns, `model.gamma`) to `data`; observations normalised by
+    `normalize`'s statistics. Returns are bootstrapped from the critic where the data stop before
+    the episode does (the end of the rollout, a truncated episode) and recomputed every epoch."""
+    policy, device = model.policy, model.device
+    gamma = float(getattr(model, "gamma", 0.99))
+    dim = data.obs.shape[-1]
 
     def observe(a: np.ndarray) -> torch.Tensor:
-        a = norm.normalize_obs(a) if norm is not None else a
-        return torch.as_tensor(np.asarray(a, dtype=np.float32), device=model.device)
+        a = a.reshape(-1, dim)
+        a = normalize.normalize_obs(a) if normalize is not None else a
+        return torch.as_tensor(np.asarray(a, dtype=np.float32), device=device)
 
-    x_raw = np.stack(xs)  # [T, B, D]
-    shape = x_raw.shape
-    x = observe(x_raw.reshape(-1, shape[-1]))
-    y = torch.as_tensor(np.concatenate(ys), dtype=torch.long, device=model.device)
-    rewards, dones = np.stack(rs).astype(np.float64), np.stack(ds)
-    cuts, cut_obs = np.stack(truncs), observe(np.stack(trunc_obs).reshape(-1, shape[-1]))
-    last_obs = observe(obs)
-    policy = model.policy
+    x = observe(data.obs)
+    y = torch.as_tensor(data.actions.reshape(-1), dtype=torch.long, device=device)
+    cut_obs, last_obs = observe(data.terminal_obs), observe(data.last_obs)
 
     def values(t: torch.Tensor) -> np.ndarray:
         with torch.no_grad():
             return policy.predict_values(t).squeeze(-1).double().cpu().numpy()
 
     def targets() -> torch.Tensor:
-        bootstrap = np.where(cuts, values(cut_obs).reshape(cuts.shape), 0.0)
-        g = _returns(rewards, dones, bootstrap, values(last_obs), gamma)
-        return torch.as_tensor(g.reshape(-1), dtype=torch.float32, device=model.device)
+        bootstrap = np.where(data.truncated, values(cut_obs).reshape(data.truncated.shape), 0.0)
+        g = _returns(data.rewards, data.dones, bootstrap, values(last_obs), gamma)
+        return torch.as_tensor(g.reshape(-1), dtype=torch.float32, device=device)
 
-    with torch.no_grad():
-        ev0 = explained_variance(policy.predict_values(x).squeeze(-1).cpu().numpy(), targets().cpu().numpy())
-    optimizer = torch.optim.Adam(policy.parameters(), lr=1e-3)
+    def ev() -> float:
+        return float(explained_variance(values(x), targets().cpu().numpy().astype(np.float64)))
+
+    ev0 = ev()
+    optimizer = torch.optim.Adam(policy.parameters(), lr=lr)
     for _ in range(epochs):
         returns = targets() if critic else None
-        for idx in torch.randperm(len(x), device=model.device).split(batch_size):
+        for idx in torch.randperm(len(x), device=device).split(batch_size):
             loss = -policy.get_distribution(x[idx]).log_prob(y[idx]).mean()
             if critic:
                 value = policy.predict_values(x[idx]).squeeze(-1)
@@ -339,11 +358,35 @@ def behaviour_clone(
             optimizer.step()
     with torch.no_grad():
         agree = (policy.get_distribution(x).distribution.probs.argmax(dim=1) == y).float().mean()
-        returns = targets()
-        ev = explained_variance(policy.predict_values(x).squeeze(-1).cpu().numpy(), returns.cpu().numpy())
     return {
         "agreement": float(agree),
-        "value_explained_variance": float(ev),
-        "value_explained_variance_initial": float(ev0),
+        "value_explained_variance": ev(),
+        "value_explained_variance_initial": ev0,
         "samples": int(len(x)),
     }
+
+
+def behaviour_clone(
+    model: BaseAlgorithm,
+    env,
+    teacher,
+    steps: int,
+    epochs: int = BC_EPOCHS,
+    batch_size: int = BC_BATCH,
+    critic: bool = True,
+) -> dict[str, float]:
+    """Warm-start an actor-critic `model` on the heuristic `teacher`'s rollouts on `env` for
+    `steps` environment steps (`collect_teacher`, then `fit_warm_start`): the actor by
+    cross-entropy on the teacher's actions and, with `critic`, the value head by regression on the
+    discounted returns of those rollouts. With a VecNormalize `env`, statistics are gathered during
+    the collection and every observation is normalised with the final ones.
+
+    Returns {"agreement": fraction of the teacher's actions the actor takes (argmax),
+    "value_explained_variance": the critic's explained variance of the returns (as SB3's
+    `train/explained_variance`, on the imitation data), "value_explained_variance_initial": the
+    same before the warm start, "samples": the number of observations}."""
+    if not hasattr(model.policy, "get_distribution"):
+        raise ValueError(f"behaviour cloning needs an actor-critic policy, not {type(model.policy).__name__}")
+    data = collect_teacher(env, teacher, steps)
+    norm = env if isinstance(env, VecNormalize) else None
+    return fit_warm_start(model, data, norm, epochs=epochs, batch_size=batch_size, critic=critic)

@@ -137,7 +137,7 @@ def test_behaviour_cloning_pretrains_the_critic():
         JaxVecEnv(8, "bursty", seed=0, episode_length=16, stagger=True), {"norm_reward": False}
     )
     model = make_model("ppo", env, "bursty", seed=0, tensorboard_log=None, overrides={"n_steps": 16})
-    out = behaviour_clone(model, env, make_router("jsq", 4), 1024, epochs=8)
+    out = behaviour_clone(model, env, make_router("jsq", 4), 1024, epochs=40, batch_size=128)
     env.close()
     assert out["samples"] == 1024 and 0.0 <= out["agreement"] <= 1.0
     assert np.isfinite(out["value_explained_variance"])
