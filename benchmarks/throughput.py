@@ -36,8 +36,19 @@ from burstgym.rollout import rollout  # noqa: E402
 GPU_SIZES = (65_536,)
 
 
-def vector_rate(n_envs: int, scenario: str, settings: dict, episodes: int) -> float:
-    """Decisions per second of `BurstBalanceVectorEnv(n_envs)` over whole episodes."""
+class Clock:
+    """Wall and process CPU seconds since start (CPU: every thread of this process), so a
+    benchmark on a loaded machine also reports the work it did."""
+
+    def __init__(self):
+        self.wall, self.cpu = time.perf_counter(), time.process_time()
+
+    def read(self) -> tuple[float, float]:
+        return time.perf_counter() - self.wall, time.process_time() - self.cpu
+
+
+def vector_rate(n_envs: int, scenario: str, settings: dict, episodes: int) -> tuple[int, float, float]:
+    """(decisions, wall s, CPU s) of `BurstBalanceVectorEnv(n_envs)` over whole episodes."""
     env = BurstBalanceVectorEnv(n_envs, scenario, **settings)
     length = env.cfg.episode_length
     n_nodes = env.cfg.n_nodes
@@ -45,21 +56,21 @@ def vector_rate(n_envs: int, scenario: str, settings: dict, episodes: int) -> fl
     base = np.arange(n_envs)
     for k in range(length):  # warm-up episode: compiles step and auto-reset
         env.step((base + k) % n_nodes)
-    start = time.perf_counter()
+    clock = Clock()
     for k in range(episodes * length):
         env.step((base + k) % n_nodes)
-    return n_envs * episodes * length / (time.perf_counter() - start)
+    return n_envs * episodes * length, *clock.read()
 
 
-def single_rate(scenario: str, settings: dict, episodes: int) -> float:
-    """Decisions per second of the single Gymnasium environment over whole episodes."""
+def single_rate(scenario: str, settings: dict, episodes: int) -> tuple[int, float, float]:
+    """(decisions, wall s, CPU s) of the single Gymnasium environment over whole episodes."""
     env = BurstBalanceEnv(scenario, **settings)
     n_nodes = env.cfg.n_nodes
     steps = 0
-    start = None
+    clock = None
     for ep in range(episodes + 1):
         if ep == 1:
-            start = time.perf_counter()
+            clock = Clock()
         env.reset(seed=ep)
         done, k = False, 0
         while not done:
@@ -67,44 +78,47 @@ def single_rate(scenario: str, settings: dict, episodes: int) -> float:
             done = terminated or truncated
             k += 1
         steps += k if ep else 0
-    return steps / (time.perf_counter() - start)
+    return steps, *clock.read()
 
 
-def reference_rate(scenario: str, settings: dict, episodes: int) -> float:
-    """Decisions per second of the reference simulator on the same streams, round-robin routed."""
+def reference_rate(scenario: str, settings: dict, episodes: int) -> tuple[int, float, float]:
+    """(decisions, wall s, CPU s) of the reference simulator on the same streams, round-robin routed."""
     env = BurstBalanceEnv(scenario, **settings)
     nodes = reference.nodes_from_params(env.cfg, env.params)
-    total, elapsed = 0, 0.0
+    total, wall, cpu = 0, 0.0, 0.0
     for ep in range(episodes):
         _, state = env.core.reset(jax.random.key(ep), env.params)
         req = jax.tree.map(np.asarray, state.requests)
         e = env.cfg.episode_length
         actions = np.arange(e) % len(nodes)
-        start = time.perf_counter()
+        clock = Clock()
         reference.simulate(
             nodes, req.arrival[:e], req.prompt[:e], req.output[:e], actions, chunk_ids=req.chunk_ids[:e],
             id_tokens=req.id_tokens[:e], chunk_tokens=req.chunk_tokens, grain=env.cfg.chunk_tokens,
         )
-        elapsed += time.perf_counter() - start
-        total += e
-    return total / elapsed
+        w, c = clock.read()
+        wall, cpu, total = wall + w, cpu + c, total + e
+    return total, wall, cpu
 
 
 def jax_rate(
     clusters: int, router: str, scenario: str, settings: dict, chunk, min_seconds: float = 1.0
-) -> tuple[float, float, float]:
-    """(decisions/s, compile seconds, run seconds) of the JAX rollout of `clusters` episodes routed
-    by the JAX `router`; runs are repeated on fresh seeds until `min_seconds` have been timed."""
+) -> tuple[int, float, float, float]:
+    """(decisions, wall s, CPU s, compile s) of the JAX rollout of `clusters` episodes routed by
+    the JAX `router`: a first call compiles (ahead of time, reported apart) and runs once
+    untimed; timed calls on fresh seeds follow until `min_seconds` have passed."""
     cfg, params = scenarios.make(scenario, **settings)
     routers = [make_jax_router(router)]
-    compile_s, run_s, runs = 0.0, 0.0, 0
-    while runs < 20 and (runs == 0 or run_s < min_seconds):
-        seeds = list(range(runs * clusters, (runs + 1) * clusters))
+    compile_s = rollout(cfg, params, routers, list(range(clusters)), chunk=chunk).compile_s
+    wall, cpu, runs = 0.0, 0.0, 0
+    while runs < 20 and (runs == 0 or wall < min_seconds):
+        seeds = list(range((runs + 1) * clusters, (runs + 2) * clusters))
+        clock = Clock()
         batch = rollout(cfg, params, routers, seeds, chunk=chunk)
-        compile_s += batch.compile_s
-        run_s += batch.run_s
-        runs += 1
-    return clusters * cfg.episode_length * runs / run_s, compile_s, run_s / runs
+        w, c = clock.read()
+        assert batch.compile_s == 0.0
+        wall, cpu, runs = wall + w, cpu + c, runs + 1
+    return clusters * cfg.episode_length * runs, wall, cpu, compile_s
 
 
 def device_name() -> str:
@@ -142,10 +156,16 @@ def main() -> None:
     settings = {"episode_length": args.episode_length}
     console = Console(width=max(Console().width, 120))
     device = device_name()
+    load_start = os.getloadavg()  # other work on the machine inflates wall times
     rates: dict[str, float | None] = {}
     entries: list[dict] = []
 
-    def entry(name: str, engine: str, clusters: int, rate: float | None, **extra) -> None:
+    def entry(name: str, engine: str, clusters: int, measured: tuple | None, **extra) -> None:
+        rate = cpu_rate = None
+        if measured is not None:
+            decisions, wall, cpu = measured[:3]
+            rate, cpu_rate = decisions / wall, decisions / cpu
+            extra = {"decisions": decisions, "wall_s": wall, "cpu_s": cpu, **extra}
         rates[name] = rate
         entries.append(
             {
@@ -153,6 +173,7 @@ def main() -> None:
                 "engine": engine,
                 "clusters": clusters,
                 "decisions_per_s": rate,
+                "decisions_per_cpu_s": cpu_rate,
                 "scenario": args.scenario,
                 "episode_length": args.episode_length,
                 "device": device,
@@ -170,41 +191,42 @@ def main() -> None:
             rate = vector_rate(b, args.scenario, settings, args.episodes)
         entry(f"vector env ({b})", "vector env", b, rate)
     for router in args.jax_routers:
-        last = None  # (clusters, decisions/s) of the previous size
+        last = None  # decisions/s of the previous size
         for c in sizes:
             name = f"jax rollout, {router} ({c})"
             if c in GPU_SIZES and c not in args.jax_clusters and not gpu:
                 entry(name, "jax rollout", c, None, router=router, note="not measured (--gpu-sizes off)")
                 continue
-            predicted = None if last is None else c * args.episode_length / last[1]
+            predicted = None if last is None else 2 * c * args.episode_length / last  # untimed + timed
             if predicted is not None and predicted > args.budget_s:
                 note = f"not measured (predicted {predicted:,.0f} s > --budget-s {args.budget_s:g})"
                 entry(name, "jax rollout", c, None, router=router, note=note)
                 continue
             with console.status(f"jax rollout, {router} x{c}"):
-                rate, compile_s, run_s = jax_rate(c, router, args.scenario, settings, chunk)
-            extra = {"router": router, "compile_s": compile_s, "run_s": run_s, "chunk": str(chunk)}
-            entry(name, "jax rollout", c, rate, **extra)
-            last = (c, rate)
+                measured = jax_rate(c, router, args.scenario, settings, chunk)
+            entry(name, "jax rollout", c, measured, router=router, compile_s=measured[3], chunk=str(chunk))
+            last = measured[0] / measured[1]
     single = rates["gymnasium env (1)"]
     reference_dps = rates["reference simulator"]
     table = Table(
         title=f"decisions/s, scenario {args.scenario}, episode_length {args.episode_length}, "
-        f"{device}, jax {jax.__version__} on {jax.default_backend()}"
+        f"{device}, jax {jax.__version__} on {jax.default_backend()}, "
+        f"load average {load_start[0]:.1f} -> {os.getloadavg()[0]:.1f}"
     )
     table.add_column("configuration")
     table.add_column("decisions/s", justify="right")
     table.add_column("x single env", justify="right")
     table.add_column("x reference", justify="right")
+    table.add_column("per CPU-s", justify="right")
     table.add_column("compile s", justify="right")
     for e in entries:
         r = e["decisions_per_s"]
         if r is None:
-            table.add_row(e["configuration"], e.get("note", "not measured"), "", "", "")
+            table.add_row(e["configuration"], e.get("note", "not measured"), "", "", "", "")
             continue
         compile_s = f"{e['compile_s']:.1f}" if "compile_s" in e else ""
         ratios = f"{r / single:,.1f}", f"{r / reference_dps:,.1f}"
-        table.add_row(e["configuration"], f"{r:,.0f}", *ratios, compile_s)
+        table.add_row(e["configuration"], f"{r:,.0f}", *ratios, f"{e['decisions_per_cpu_s']:,.0f}", compile_s)
     console.print(table)
     if args.json:
         with open(args.json, "w") as f:
@@ -214,6 +236,7 @@ def main() -> None:
                     "episode_length": args.episode_length,
                     "device": device,
                     "jax_version": jax.__version__,
+                    "load_average": {"start": load_start, "end": os.getloadavg()},
                     "rates": rates,
                     "entries": entries,
                 },
