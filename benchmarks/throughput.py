@@ -24,6 +24,7 @@ import time
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
@@ -121,6 +122,91 @@ def jax_rate(
     return clusters * cfg.episode_length * runs, wall, cpu, compile_s
 
 
+def profile_step(
+    scenario: str, settings: dict, router: str = "least-tokens", reps: int = 5
+) -> list[tuple[str, float]]:
+    """CPU microseconds per routing step of each part of a step, one cluster (the CPU engine's
+    layout): the states of one episode are recorded, then each part is jitted alone and mapped
+    over them (best of `reps`); every output is reduced to a checksum so nothing is elided."""
+    from burstgym import cluster
+    from burstgym.cluster import Accrual, Cluster
+    from burstgym.env import BurstBalance
+    from burstgym.observation import action_mask
+
+    cfg, params = scenarios.make(scenario, **settings)
+    core, jr, e, n = BurstBalance(cfg), make_jax_router(router), cfg.episode_length, cfg.n_nodes
+    _, s0 = jax.jit(core.reset)(jax.random.key(0), params)
+
+    def decide(s):
+        v = core.view(s, params)
+        return jr.act(jr.init(n), v, action_mask(v))[0]
+
+    def episode(s):
+        def body(s, _):
+            a = decide(s)
+            return core.step_env(s, a, params)[1], (s, a)
+
+        return jax.lax.scan(body, s, None, length=e)[1]
+
+    states, actions = jax.block_until_ready(jax.jit(episode)(s0))  # each step's state and action
+
+    def checksum(tree):
+        return sum(jnp.sum(x.astype(jnp.float32)) for x in jax.tree.leaves(tree) if x.dtype != jnp.bool_)
+
+    def per_step(f) -> float:
+        g = jax.jit(lambda st, a: jax.lax.map(lambda x: checksum(f(*x)), (st, a)).sum())
+        jax.block_until_ready(g(states, actions))
+        best = np.inf
+        for _ in range(reps):
+            clock = Clock()
+            jax.block_until_ready(g(states, actions))
+            best = min(best, clock.read()[1])
+        return best / e * 1e6
+
+    def routed(s, a):
+        k = s.step
+        r = cluster.route(s.slots, s.nodes, k, s.requests.prompt[k], s.requests.output[k], a, params)
+        return r, s.requests.arrival[k + 1] - s.requests.arrival[k]
+
+    def loop(s, a, passes):  # the event loop of cluster.advance, counted, or `passes` passes of it
+        r, until = routed(s, a)
+        geo = cluster.geometry(r.slots, s.requests, params, cfg)
+        z = jnp.zeros(n)
+
+        def due(k):
+            tau = cluster.next_event(k.slots, k.nodes, params, cfg)
+            return tau, tau <= until
+
+        def body(c):
+            k, acc, tau, act, i = c
+            k, acc = cluster._handle_events(k, acc, tau, act, until, geo, params, cfg)
+            return (k, acc, *due(k), i + 1)
+
+        k0 = Cluster(r.slots, r.nodes, s.cache)
+        c0 = (k0, Accrual(z, z, z), *due(k0), jnp.int32(0))
+        if passes is None:
+            return jax.lax.while_loop(lambda c: c[3].any(), body, c0)[4]
+        return body(c0)[:2]
+
+    count = jax.jit(lambda st, a: jax.lax.map(lambda x: loop(*x, None), (st, a)))
+    passes = np.asarray(count(states, actions))
+    parts = [
+        ("whole step: view + router + step_env", lambda s, a: core.step_env(s, decide(s), params)[1]),
+        ("step_env", lambda s, a: core.step_env(s, a, params)[1]),
+        ("  route, event loop, accrual (_route_advance)", lambda s, a: core._route_advance(s, a, params)),
+        ("    route (admission to the slot table)", lambda s, a: routed(s, a)[0]),
+        (
+            "    route + prefix geometry of the slots",
+            lambda s, a: cluster.geometry(routed(s, a)[0].slots, s.requests, params, cfg),
+        ),
+        ("    route + geometry + one event-loop pass", lambda s, a: loop(s, a, 1)),
+        ("router view (cache hits, signals)", lambda s, a: core.view(s, params)),
+        (f"view + {router} decision", lambda s, a: decide(s)),
+    ]
+    rows = [(f"event-loop passes per step (mean; max {passes.max()})", float(passes.mean()))]
+    return rows + [(name, per_step(f)) for name, f in parts]
+
+
 def device_name() -> str:
     d = jax.devices()[0]
     kind = getattr(d, "device_kind", d.platform)
@@ -149,7 +235,15 @@ def main() -> None:
     ap.add_argument("--episode-length", type=int, default=128)
     ap.add_argument("--episodes", type=int, default=1, help="timed episodes per configuration")
     ap.add_argument("--json", help="also write the figures to this JSON file")
+    ap.add_argument("--profile", action="store_true", help="only profile one step of one cluster (CPU us)")
     args = ap.parse_args()
+    if args.profile:
+        settings = {"episode_length": args.episode_length}
+        print(f"{args.scenario}: CPU microseconds per routing step, one cluster, episode_length "
+              f"{args.episode_length}, jax {jax.__version__} on {device_name()}")
+        for name, us in profile_step(args.scenario, settings):
+            print(f"  {name:56s} {us:9.1f}")
+        return
     chunk = {"auto": "auto", "all": None}[args.chunk] if args.chunk in ("auto", "all") else int(args.chunk)
     gpu = jax.default_backend() != "cpu" if args.gpu_sizes is None else args.gpu_sizes
     sizes = list(args.jax_clusters) + [g for g in GPU_SIZES if g not in args.jax_clusters]
