@@ -16,7 +16,10 @@ every heuristic and production router. Several routers in one call share the sca
 Two jitted calls, compiled ahead of time so compile time is reported apart from run time: the
 reset (compiled per configuration) and the episode (reset state in, final state out), which is
 compiled once per configuration up to its workload, since the step never reads the workload:
-configurations that differ only in load or arrival process (a regime map) share it.
+configurations that differ only in load or arrival process (a regime map) share it. Parameters
+get a leading cluster axis (`per_cluster`, see `step_clusters` for why). Within a device the
+clusters run `chunk` at a time (`lax.map` over vmapped groups): one at a time on CPU, all at once
+on an accelerator (docs/performance.md).
 
 Sharding: the cluster axis is placed with a `NamedSharding` over every visible device (a 1-D mesh
 "clusters") when the device count divides the number of clusters, and each device runs its own
