@@ -140,10 +140,10 @@ def run_resolved(
     width_pct: float,
     pairs: Callable[[dict[str, Episodes]], list[tuple[str, str]]],
 ) -> tuple[dict[str, Episodes], bool]:
-    """Runs `routers` on `seeds`, then on further batches of as many new seeds, until every paired
-    comparison (x, baseline) in `pairs(results)` has a 95% CI half-width of at most `width_pct`% of
-    the baseline's objective, or `max_seeds` seeds have run. Returns the results and whether every
-    comparison resolved."""
+    """Runs `routers` on `seeds` (a contiguous range), then on further batches of as many new seeds
+    continuing the range, until every paired comparison (x, baseline) in `pairs(results)` has a 95%
+    CI half-width of at most `width_pct`% of the baseline's objective, or `max_seeds` seeds have
+    run. Returns the results and whether every comparison resolved."""
     res = rollout.run(routers, seeds)
     step, n = len(seeds), len(seeds)
 
