@@ -677,7 +677,7 @@ def evaluate(args: argparse.Namespace) -> int:
         # with the observation-normalisation statistics saved beside it (vecnormalize.pkl)
         need = bool(config.get("normalize"))
         learned = load_router(model_path, algo, f"learned-{algo}", device=device, require_normalization=need)
-        expected = learned.model.observation_space.shape
+        expected = learned.observation_shape
         for n in n_nodes:
             if (obs_size(n),) != expected:
                 raise ValueError(

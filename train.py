@@ -40,7 +40,10 @@ from agents.heuristics import RoundRobin  # noqa: E402
 from agents.hyperparams import conf_file, load, normalize_kwargs  # noqa: E402
 from agents.learners import (  # noqa: E402
     ALGOS,
+    BC_BATCH,
+    BC_EPOCHS,
     DEVICES,
+    JAX_ALGOS,
     PolicyRouter,
     behaviour_clone,
     check_algo,
@@ -132,18 +135,42 @@ class ServingMetricsCallback(BaseCallback):
         return True
 
 
+class HeldOut:
+    """A learned policy (argmax and sampled actions) against round-robin on the same held-out seeds
+    (`eval/...`)."""
+
+    def __init__(self, scenario: str, settings: dict[str, Any], n_seeds: int):
+        self.rollout = Rollout(scenario, **settings)
+        self.baseline = RoundRobin(self.rollout.cfg.n_nodes)
+        self.seeds = list(range(EVAL_SEED_BASE, EVAL_SEED_BASE + n_seeds))
+
+    def run(self, learned: dict[str, Any]) -> dict[str, float]:
+        """`learned`: a router per mode of MODES; returns the `eval/...` records."""
+        res = self.rollout.run([*learned.values(), self.baseline], self.seeds)
+        rr = res["round-robin"]
+        out = {
+            "eval/objective_round_robin": float(rr.cost.mean()),
+            "eval/e2e_p99_round_robin": float(rr.metrics["e2e_p99"].mean()),
+        }
+        for mode, router in learned.items():
+            ep = res[router.name]
+            out[f"eval/objective_learned_{mode}"] = float(ep.cost.mean())
+            out[f"eval/change_vs_round_robin_pct_{mode}"] = float(100 * (ep.cost.mean() / rr.cost.mean() - 1))
+            out[f"eval/e2e_p99_learned_{mode}"] = float(ep.metrics["e2e_p99"].mean())
+            out[f"eval/skew_index_learned_{mode}"] = float(ep.metrics["skew_index"].mean())
+        return out
+
+
 class EvalVsRoundRobin(BaseCallback):
-    """Every `every` timesteps, the policy (argmax and sampled actions) and round-robin on the same
-    held-out seeds (`eval/...`); the best argmax policy is saved with its normalisation statistics."""
+    """Every `every` timesteps, the held-out evaluation (`HeldOut`); the best argmax policy is saved
+    with its normalisation statistics."""
 
     def __init__(self, scenario: str, settings: dict[str, Any], every: int, n_seeds: int, best_path: Path):
         super().__init__()
         self.best_path = best_path
         self.best = float("inf")
-        self.rollout = Rollout(scenario, **settings)
-        self.baseline = RoundRobin(self.rollout.cfg.n_nodes)
+        self.held_out = HeldOut(scenario, settings, n_seeds)
         self.every = every
-        self.seeds = list(range(EVAL_SEED_BASE, EVAL_SEED_BASE + n_seeds))
         self.next_at = every
 
     def _on_step(self) -> bool:
@@ -155,19 +182,8 @@ class EvalVsRoundRobin(BaseCallback):
     def evaluate(self) -> dict[str, float]:
         """Run the evaluation now and record it."""
         norm = self.model.get_vec_normalize_env()
-        learned = [PolicyRouter(self.model, f"learned-{m}", m == "deterministic", norm) for m in MODES]
-        res = self.rollout.run([*learned, self.baseline], self.seeds)
-        rr = res["round-robin"]
-        out = {
-            "eval/objective_round_robin": float(rr.cost.mean()),
-            "eval/e2e_p99_round_robin": float(rr.metrics["e2e_p99"].mean()),
-        }
-        for mode in MODES:
-            ep = res[f"learned-{mode}"]
-            out[f"eval/objective_learned_{mode}"] = float(ep.cost.mean())
-            out[f"eval/change_vs_round_robin_pct_{mode}"] = float(100 * (ep.cost.mean() / rr.cost.mean() - 1))
-            out[f"eval/e2e_p99_learned_{mode}"] = float(ep.metrics["e2e_p99"].mean())
-            out[f"eval/skew_index_learned_{mode}"] = float(ep.metrics["skew_index"].mean())
+        learned = {m: PolicyRouter(self.model, f"learned-{m}", m == "deterministic", norm) for m in MODES}
+        out = self.held_out.run(learned)
         for k, v in out.items():
             self.logger.record(k, v)
         cost = out["eval/objective_learned_deterministic"]
@@ -186,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help=f"default: the hyperparameter file's (prefix); one of: {', '.join(scenarios.SCENARIOS)}",
     )
-    p.add_argument("--algo", default=None, help=f"default ppo; one of: {', '.join(ALGOS)}")
+    p.add_argument("--algo", default=None, help=f"default ppo; one of: {', '.join((*ALGOS, *JAX_ALGOS))}")
     p.add_argument("--conf-file", default=None, help="hyperparameter file (default: agents/hyperparams*.yml)")
     p.add_argument("--timesteps", type=int, default=None, help="environment steps (default: n_timesteps)")
     p.add_argument("--n-envs", type=int, default=None, help="clusters stepped together (default: n_envs)")
@@ -286,6 +302,8 @@ def train(args: argparse.Namespace) -> int:
         stats = vecnormalize_path(args.resume)
         if stats is None and (old_config.get("normalize") if old_config else norm_kwargs):
             raise FileNotFoundError(f"checkpoint {args.resume!r} has no normalisation statistics beside it")
+    if algo in JAX_ALGOS and args.resume:
+        raise ValueError("--resume continues SB3 checkpoints; jax-ppo runs start afresh")
     torch.set_num_threads(args.torch_threads)
     out = Path(args.out)
     if old_run is not None:
@@ -293,6 +311,8 @@ def train(args: argparse.Namespace) -> int:
     else:
         run_dir = out / (args.run_name or f"{scenario}-{algo}-seed{args.seed}")
     run_dir.mkdir(parents=True, exist_ok=True)
+    if algo in JAX_ALGOS:
+        return train_jax(args, conf, scenario, settings, entry, timesteps, n_envs, run_dir)
 
     env = JaxVecEnv(n_envs, scenario, seed=args.seed, stagger=not args.no_stagger, **settings)
     records: dict[str, float] = {}
@@ -378,6 +398,121 @@ def train(args: argparse.Namespace) -> int:
                 f"round-robin {e['eval/objective_round_robin']:.1f} "
                 f"({e[f'eval/change_vs_round_robin_pct_{mode}']:+.2f}%)"
             )
+    return 0
+
+
+def train_jax(
+    args: argparse.Namespace,
+    conf: Path,
+    scenario: str,
+    settings: dict[str, Any],
+    entry: dict[str, Any],
+    timesteps: int,
+    n_envs: int,
+    run_dir: Path,
+) -> int:
+    """Train with the JAX learner (`agents.jax_ppo`): the same files, logs and evaluation as an SB3
+    run, the model as `.msgpack` checkpoints that hold their observation statistics."""
+    import jax
+    from torch.utils.tensorboard import SummaryWriter
+    from tqdm import tqdm
+
+    from agents.jax_ppo import JaxPPO, PPOConfig
+    from agents.jax_routers import make_jax_router
+
+    cfg, params = scenarios.make(scenario, **settings)
+    ppo = PPOConfig.from_entry(entry, str(conf))
+    learner = JaxPPO(cfg, params, ppo, n_envs, timesteps, stagger=not args.no_stagger)
+    start = time.time()
+    learner.setup(args.seed)
+    bc = None
+    writer = SummaryWriter(str(run_dir / "tb" / f"{args.algo or 'jax-ppo'}_1"))
+    writer.add_custom_scalars(LAYOUT)
+    if args.bc_teacher != "none":
+        bc = learner.warm_start(make_jax_router(args.bc_teacher), args.bc_steps, BC_EPOCHS, BC_BATCH)
+        writer.add_scalar("bc/agreement", bc["agreement"], 0)
+        writer.add_scalar("bc/value_explained_variance", bc["value_explained_variance"], 0)
+        print(
+            f"imitated {args.bc_teacher} for {bc['samples']} steps: agreement {bc['agreement']:.3f}, "
+            f"critic explained variance {bc['value_explained_variance']:.3f}"
+        )
+    held_out = HeldOut(scenario, settings, args.eval_seeds) if args.eval_every > 0 else None
+    best, best_cost, final_eval = run_dir / "best_model.msgpack", float("inf"), {}
+    next_eval, next_ckpt = args.eval_every, args.checkpoint_every
+    (run_dir / "checkpoints").mkdir(exist_ok=True)
+
+    def evaluate() -> dict[str, float]:
+        nonlocal best_cost
+        out = held_out.run({m: learner.router(f"learned-{m}", m == "deterministic") for m in MODES})
+        for k, v in out.items():
+            writer.add_scalar(k, v, learner.num_timesteps)
+        if out["eval/objective_learned_deterministic"] < best_cost:
+            best_cost = out["eval/objective_learned_deterministic"]
+            learner.save(best)
+        return out
+
+    train_start, compile_s, update_s = time.time(), 0.0, 0.0
+    bar = tqdm(total=learner.n_updates * learner.n_envs * ppo.n_steps, disable=args.no_progress, unit="step")
+    for k in range(learner.n_updates):
+        t0 = time.time()
+        logs = learner.update()
+        if k == 0:
+            compile_s = time.time() - t0  # the first call compiles the update
+        else:
+            update_s += time.time() - t0
+        for tag, value in logs.items():
+            writer.add_scalar(tag, value, learner.num_timesteps)
+        writer.add_scalar(
+            "time/fps", learner.num_timesteps / (time.time() - train_start), learner.num_timesteps
+        )
+        bar.update(learner.n_envs * ppo.n_steps)
+        if held_out is not None and learner.num_timesteps >= next_eval:
+            next_eval += args.eval_every
+            evaluate()
+        if args.checkpoint_every > 0 and learner.num_timesteps >= next_ckpt:
+            next_ckpt += args.checkpoint_every
+            learner.save(run_dir / "checkpoints" / f"rl_model_{learner.num_timesteps}_steps.msgpack")
+    bar.close()
+    seconds = time.time() - start
+    if held_out is not None:
+        final_eval = evaluate()
+    learner.save(run_dir / "model.msgpack")
+    writer.close()
+    # PPO steps/s of the compiled updates (rollout and optimisation; evaluations and saving apart)
+    steady = (learner.n_updates - 1) * learner.n_envs * ppo.n_steps / max(update_s, 1e-9)
+    config = {
+        "algo": "jax-ppo",
+        "scenario": scenario,
+        "settings": settings,
+        "seed": args.seed,
+        "n_envs": n_envs,
+        "stagger": not args.no_stagger,
+        "device": jax.default_backend(),
+        "timesteps": learner.num_timesteps,
+        "train_seconds": round(seconds, 1),
+        "steps_per_second": round(learner.num_timesteps / seconds, 1),
+        "steps_per_second_compiled": round(steady, 1) if learner.n_updates > 1 else None,
+        "compile_seconds": round(compile_s, 1),
+        "resumed_from": None,
+        "bc_teacher": None if args.bc_teacher == "none" else args.bc_teacher,
+        "bc": bc,
+        "conf_file": str(conf),
+        "hyperparams": entry,
+        "normalize": {"norm_obs": True, "norm_reward": False} if ppo.norm_obs else None,
+        "final_eval": final_eval,
+    }
+    (run_dir / "config.json").write_text(json.dumps(config, indent=2, default=str))
+    print(
+        f"saved {run_dir / 'model.msgpack'} after {learner.num_timesteps} steps in {seconds:.0f} s "
+        f"({config['steps_per_second']} steps/s; after compiling, {config['steps_per_second_compiled']})"
+    )
+    for mode in MODES if final_eval else ():
+        e = final_eval
+        print(
+            f"held-out evaluation ({mode}): objective {e[f'eval/objective_learned_{mode}']:.1f} vs "
+            f"round-robin {e['eval/objective_round_robin']:.1f} "
+            f"({e[f'eval/change_vs_round_robin_pct_{mode}']:+.2f}%)"
+        )
     return 0
 
 

@@ -32,6 +32,7 @@ FILES = {
     "a2c": HERE / "hyperparams-a2c.yml",
     "dqn": HERE / "hyperparams-dqn.yml",
     "maskable-ppo": HERE / "hyperparams-maskable-ppo.yml",
+    "jax-ppo": HERE / "hyperparams.yml",  # agents.jax_ppo reads PPO's entry: the same model and settings
 }
 # Keys that configure the run (rl-zoo3 reads them), not the algorithm's constructor.
 RUN_KEYS = ("n_timesteps", "n_envs", "env_kwargs", "normalize")

@@ -22,14 +22,16 @@ from agents.hyperparams import load, model_kwargs
 from burstgym.observation import GLOBAL_FEATURES, NODE_FEATURES
 
 ALGOS: dict[str, type[BaseAlgorithm]] = {"ppo": PPO, "a2c": A2C, "dqn": DQN, "maskable-ppo": MaskablePPO}
+JAX_ALGOS = ("jax-ppo",)  # learners written in JAX (agents.jax_ppo)
 DEVICES = ("auto", "cpu", "cuda")
 BC_EPOCHS, BC_BATCH = 20, 256  # warm-start optimisation (docs/agents.md, "Training set-up")
 
 
-def check_algo(algo: str) -> None:
-    """Refuse an unknown algorithm name with the valid ones listed."""
-    if algo not in ALGOS:
-        raise ValueError(f"unknown algorithm {algo!r}; valid algorithms: {', '.join(ALGOS)}")
+def check_algo(algo: str, sb3: bool = False) -> None:
+    """Refuse an unknown algorithm name with the valid ones listed (with `sb3`, SB3's only)."""
+    valid = tuple(ALGOS) if sb3 else (*ALGOS, *JAX_ALGOS)
+    if algo not in valid:
+        raise ValueError(f"unknown algorithm {algo!r}; valid algorithms: {', '.join(valid)}")
 
 
 def check_device(device: str) -> str:
@@ -53,7 +55,7 @@ def make_model(
 ) -> BaseAlgorithm:
     """A fresh `algo` model on `env` with the hyperparameters of `scenario` (`entry`, an
     `agents.hyperparams.load` entry, or the algorithm's file) and `overrides`."""
-    check_algo(algo)
+    check_algo(algo, sb3=True)
     entry = load(algo, scenario) if entry is None else entry
     kwargs = {**model_kwargs(entry), **(overrides or {})}
     if algo in ("ppo", "maskable-ppo"):
@@ -73,7 +75,7 @@ def make_model(
 
 def load_model(path: str | Path, algo: str, env=None, device: str = "cpu") -> BaseAlgorithm:
     """Load a saved model of `algo` (a clear error if the file is missing)."""
-    check_algo(algo)
+    check_algo(algo, sb3=True)
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {str(path)!r} does not exist")
@@ -200,6 +202,11 @@ class PolicyRouter:
         self.clip_obs = float(normalize.clip_obs) if normalize is not None else 0.0
         self.epsilon = float(normalize.epsilon) if normalize is not None else 0.0
 
+    @property
+    def observation_shape(self) -> tuple[int, ...]:
+        """The observation shape the model takes."""
+        return tuple(self.model.observation_space.shape)
+
     def reset(self, n_envs: int) -> None:
         """Nothing to reset: the policy is a function of the observation."""
 
@@ -226,9 +233,20 @@ def load_router(
     device: str = "cpu",
     deterministic: bool = True,
     require_normalization: bool = False,
-) -> PolicyRouter:
+) -> Any:
     """A saved model as a router, with the normalisation statistics saved beside it
-    (`vecnormalize_path`); `require_normalization` refuses a model whose statistics are missing."""
+    (`vecnormalize_path`); `require_normalization` refuses a model whose statistics are missing.
+    A jax-ppo checkpoint holds its statistics (`agents.jax_ppo.JaxPolicyRouter`)."""
+    check_algo(algo)
+    if algo in JAX_ALGOS:
+        from agents.jax_ppo import JaxPolicyRouter
+
+        router = JaxPolicyRouter.load(path, name, deterministic=deterministic)
+        if router.stats is None and require_normalization:
+            raise ValueError(
+                f"model {str(path)!r} was trained on normalised observations but holds no statistics"
+            )
+        return router
     model = load_model(path, algo, device=device)
     stats = vecnormalize_path(path)
     if stats is None and require_normalization:

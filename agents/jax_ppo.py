@@ -1,0 +1,708 @@
+"""PPO written in JAX (PureJaxRL style) for the node-scoring router: the environment, the policy and
+the update in jitted calls, with no Python step loop.
+
+One jitted `update` = a rollout of `n_steps` routing decisions on `n_envs` clusters (normalise the
+observation, score the nodes, sample, and the core's step with auto-reset), generalised advantage
+estimation, and `n_epochs` passes of minibatch PPO updates with optax. train.py calls it once per
+rollout (`--algo jax-ppo`) and logs, evaluates and checkpoints between calls, as for SB3.
+
+It trains the same model as SB3's PPO with `agents.policies.NodeScoringPolicy`, from the same
+rl-zoo3 hyperparameter file (`agents/hyperparams.yml`):
+- actor: one MLP scores every node from that node's features and the global features (gain
+  sqrt(2) hidden, 0.01 on the score); critic: an MLP on the whole observation (gain 1 on the value
+  head); zero biases, orthogonal weights (SB3's `ortho_init`); tanh activations;
+- the loss of SB3's PPO (stable_baselines3 v2.7, stable_baselines3/ppo/ppo.py `train`): clipped
+  surrogate on per-minibatch normalised advantages, unclipped squared value error (`vf_coef`),
+  entropy bonus (`ent_coef`), gradients clipped to `max_grad_norm`, Adam with eps 1e-5; an
+  update stops before the first minibatch whose approximate KL exceeds 1.5 x `target_kl`;
+- observations normalised as `agents.learners.NodeVecNormalize` does (node features pooled over
+  nodes, clipped at 10), with the statistics updated after each rollout (VecNormalize updates
+  them every step); rewards are not normalised;
+- a drained episode end is a termination; a cut end (`end="cut"`) is a truncation, and the value
+  of the final observation is added (discounted) to the last reward, as SB3 does;
+- staggered first episodes (lengths uniform in 1..episode_length), as `JaxVecEnv(stagger=True)`;
+- a behaviour-cloning warm start of actor and critic on a heuristic's rollouts (its JAX twin,
+  `agents.jax_routers`), as `agents.learners.behaviour_clone`.
+
+On CPU the clusters' core steps run one after another (`lax.map`): a vmapped step runs its event
+loop as long as the busiest cluster needs (docs/performance.md); the network is vmapped over all
+clusters. On an accelerator every cluster is vmapped.
+
+A checkpoint (`.msgpack`) holds the network parameters and the observation statistics;
+`JaxPolicyRouter.load` makes it a router with the heuristics' interface, which evaluate.py judges.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import flax.linen as nn
+import flax.serialization
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax.training.train_state import TrainState
+
+from burstgym import cluster
+from burstgym.env import BurstBalance
+from burstgym.gym_env import check_error
+from burstgym.observation import GLOBAL_FEATURES, NODE_FEATURES, action_mask
+from burstgym.types import EnvConfig, EnvParams
+
+ALGO = "jax-ppo"
+CLIP_OBS, NORM_EPS = 10.0, 1e-8  # VecNormalize's defaults
+STATS_EPS = 1e-4  # RunningMeanStd's initial count
+ADAM_EPS = 1e-5  # SB3's Adam epsilon for PPO policies
+POLICY = "agents.policies.NodeScoringPolicy"  # the SB3 policy this learner reproduces
+# Keys of an rl-zoo3 PPO entry this learner reads; any other constructor key is refused.
+KEYS = (
+    "policy",
+    "n_steps",
+    "batch_size",
+    "n_epochs",
+    "learning_rate",
+    "gamma",
+    "gae_lambda",
+    "ent_coef",
+    "vf_coef",
+    "max_grad_norm",
+    "clip_range",
+    "target_kl",
+    "normalize_advantage",
+    "policy_kwargs",
+)
+RUN_KEYS = ("n_timesteps", "n_envs", "env_kwargs", "normalize")
+
+
+# ------------------------------------------------------------------------------------ settings
+
+
+@dataclass(frozen=True)
+class PPOConfig:
+    """PPO hyperparameters (SB3's names and defaults)."""
+
+    n_steps: int = 2048
+    batch_size: int = 64
+    n_epochs: int = 10
+    learning_rate: float = 3e-4
+    lr_decay: bool = False  # "lin_<value>": linear decay to 0 over training
+    gamma: float = 0.99
+    gae_lambda: float = 0.95
+    ent_coef: float = 0.0
+    vf_coef: float = 0.5
+    max_grad_norm: float = 0.5
+    clip_range: float = 0.2
+    target_kl: float | None = None
+    normalize_advantage: bool = True
+    hidden: int = 64
+    norm_obs: bool = True
+
+    @classmethod
+    def from_entry(cls, entry: dict[str, Any], path: str = "hyperparameters") -> PPOConfig:
+        """The settings of an rl-zoo3 PPO entry (`agents.hyperparams.load`); refuses keys this
+        learner does not implement, naming them and `path`."""
+        kw = {k: v for k, v in entry.items() if k not in RUN_KEYS}
+        bad = sorted(set(kw) - set(KEYS))
+        if bad:
+            known = ", ".join(KEYS)
+            raise ValueError(f"{path}: jax-ppo does not implement {', '.join(bad)} (known: {known})")
+        policy = kw.pop("policy", POLICY)
+        if policy != POLICY:
+            raise ValueError(f"{path}: jax-ppo trains {POLICY} only, not policy {policy!r}")
+        out: dict[str, Any] = {}
+        lr = kw.pop("learning_rate", cls.learning_rate)
+        if isinstance(lr, str):
+            kind, _, value = lr.partition("_")
+            if kind != "lin":
+                raise ValueError(
+                    f"{path}: learning_rate: unknown schedule {lr!r} (use 'lin_<x>' or a number)"
+                )
+            lr, out["lr_decay"] = float(value), True
+        out["learning_rate"] = float(lr)
+        if isinstance(kw.get("clip_range"), str):
+            raise ValueError(f"{path}: jax-ppo takes a constant clip_range, not {kw['clip_range']!r}")
+        arch = (kw.pop("policy_kwargs", None) or {}).get("net_arch") or [cls.hidden]
+        out["hidden"] = int(arch[0])
+        norm = entry.get("normalize", False)
+        if isinstance(norm, dict):
+            if norm.get("norm_reward", True):
+                raise ValueError(f"{path}: jax-ppo does not normalise rewards: normalize.norm_reward: false")
+            out["norm_obs"] = bool(norm.get("norm_obs", True))
+        elif norm:
+            raise ValueError(f"{path}: jax-ppo does not normalise rewards: normalize.norm_reward: false")
+        else:
+            out["norm_obs"] = False
+        for k, v in kw.items():
+            default = getattr(cls, k)
+            out[k] = v if v is None or default is None or isinstance(v, bool) else type(default)(v)
+        return cls(**out)
+
+
+# ------------------------------------------------------------------------------------- network
+
+
+class NodeScoringNet(nn.Module):
+    """Logits (one score per node, from a scorer shared by the nodes) and the value of an
+    observation [..., N * F + G] (the layout of `burstgym.observation.observe`)."""
+
+    n_nodes: int
+    hidden: int = 64
+
+    @nn.compact
+    def __call__(self, obs: jax.Array) -> tuple[jax.Array, jax.Array]:
+        f, k = len(NODE_FEATURES), self.n_nodes * len(NODE_FEATURES)
+        nodes = obs[..., :k].reshape(obs.shape[:-1] + (self.n_nodes, f))
+        glob = jnp.broadcast_to(obs[..., None, k:], nodes.shape[:-1] + (obs.shape[-1] - k,))
+
+        def dense(width: int, gain: float, name: str) -> nn.Dense:
+            return nn.Dense(
+                width,
+                kernel_init=nn.initializers.orthogonal(gain),
+                bias_init=nn.initializers.zeros,
+                name=name,
+            )
+
+        h = nn.tanh(dense(self.hidden, math.sqrt(2), "score_0")(jnp.concatenate([nodes, glob], axis=-1)))
+        h = nn.tanh(dense(self.hidden, math.sqrt(2), "score_1")(h))
+        logits = dense(1, 0.01, "score_out")(h)[..., 0]
+        v = nn.tanh(dense(self.hidden, math.sqrt(2), "value_0")(obs))
+        v = nn.tanh(dense(self.hidden, math.sqrt(2), "value_1")(v))
+        return logits, dense(1, 1.0, "value_out")(v)[..., 0]
+
+
+# ----------------------------------------------------------------------- observation statistics
+
+
+class Moments(NamedTuple):
+    """Running mean, variance and count of a set of features (SB3's RunningMeanStd)."""
+
+    mean: jax.Array
+    var: jax.Array
+    count: jax.Array
+
+    @staticmethod
+    def empty(dim: int) -> Moments:
+        return Moments(jnp.zeros(dim, jnp.float32), jnp.ones(dim, jnp.float32), jnp.float32(STATS_EPS))
+
+    def update(self, x: jax.Array) -> Moments:
+        """Merge the rows of `x` [M, dim] (parallel variance, as RunningMeanStd.update)."""
+        m, v, c = x.mean(axis=0), x.var(axis=0), jnp.float32(x.shape[0])
+        delta, total = m - self.mean, self.count + c
+        m2 = self.var * self.count + v * c + delta**2 * self.count * c / total
+        return Moments(self.mean + delta * c / total, m2 / total, total)
+
+
+class ObsStats(NamedTuple):
+    """Observation statistics with node features pooled over nodes (`NodePooledRunningMeanStd`)."""
+
+    node: Moments
+    glob: Moments
+
+    @staticmethod
+    def empty() -> ObsStats:
+        return ObsStats(Moments.empty(len(NODE_FEATURES)), Moments.empty(len(GLOBAL_FEATURES)))
+
+    def update(self, obs: jax.Array, n_nodes: int) -> ObsStats:
+        obs = obs.reshape(-1, obs.shape[-1])
+        k = n_nodes * len(NODE_FEATURES)
+        return ObsStats(
+            self.node.update(obs[:, :k].reshape(-1, len(NODE_FEATURES))), self.glob.update(obs[:, k:])
+        )
+
+    def normalize(self, obs: jax.Array, n_nodes: int) -> jax.Array:
+        """(obs - mean) / sqrt(var + 1e-8), clipped to +-10, as VecNormalize.normalize_obs."""
+        mean = jnp.concatenate([jnp.tile(self.node.mean, n_nodes), self.glob.mean])
+        var = jnp.concatenate([jnp.tile(self.node.var, n_nodes), self.glob.var])
+        return jnp.clip((obs - mean) / jnp.sqrt(var + NORM_EPS), -CLIP_OBS, CLIP_OBS)
+
+
+# ------------------------------------------------------------------------------- the algorithm
+
+
+class Runner(NamedTuple):
+    """The clusters being trained on, between rollouts."""
+
+    states: Any  # burstgym.types.State, [B] leading axis
+    obs: jax.Array  # [B, D] raw observations of the next decision
+    key: jax.Array  # PRNG key
+    ep_return: jax.Array  # [B] return so far of each running episode
+
+
+class Transition(NamedTuple):
+    obs: jax.Array  # normalised
+    action: jax.Array
+    logp: jax.Array
+    value: jax.Array
+    reward: jax.Array
+    done: jax.Array
+
+
+def gae(
+    rewards: jax.Array, values: jax.Array, dones: jax.Array, last_value: jax.Array, gamma: float, lam: float
+) -> tuple[jax.Array, jax.Array]:
+    """(advantages, returns) [T, B] of a rollout by generalised advantage estimation (Schulman et
+    al. 2016, eq. 16); `dones[t]`: the episode ended at step t, `last_value`: V of the observation
+    after the last step."""
+
+    def back(carry, x):
+        adv, v_next = carry
+        r, v, d = x
+        live = 1.0 - d.astype(r.dtype)
+        delta = r + gamma * v_next * live - v
+        adv = delta + gamma * lam * live * adv
+        return (adv, v), adv
+
+    _, adv = jax.lax.scan(
+        back, (jnp.zeros_like(last_value), last_value), (rewards, values, dones), reverse=True
+    )
+    return adv, adv + values
+
+
+def _env_step(core: BurstBalance, params: EnvParams, auto_reset: bool) -> Callable:
+    """(states [B], actions [B]) -> the core's step of every cluster: one cluster at a time on CPU,
+    vmapped elsewhere."""
+    one = core.step if auto_reset else core.step_env
+
+    def step(states, actions):
+        if jax.default_backend() == "cpu":
+            return jax.lax.map(lambda sa: one(sa[0], sa[1], params), (states, actions))
+        return jax.vmap(one, in_axes=(0, 0, None))(states, actions, params)
+
+    return step
+
+
+def _categorical(key: jax.Array, logits: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """A sampled action per row and its log-probability."""
+    action = jax.random.categorical(key, logits).astype(jnp.int32)
+    logp = jnp.take_along_axis(jax.nn.log_softmax(logits), action[..., None], axis=-1)[..., 0]
+    return action, logp
+
+
+_JITTED: dict[Any, Callable] = {}
+
+
+@functools.cache
+def _core(cfg: EnvConfig) -> BurstBalance:
+    return BurstBalance(cfg)
+
+
+@functools.cache
+def _net(n_nodes: int, hidden: int) -> NodeScoringNet:
+    return NodeScoringNet(n_nodes, hidden)
+
+
+@functools.cache
+def _optimizer(ppo: PPOConfig, steps: int) -> optax.GradientTransformation:
+    """Gradient clipping and Adam, SB3's; one object per setting, so that train states of equal
+    settings share compiled code (the optimiser is static in the train state)."""
+    lr = optax.linear_schedule(ppo.learning_rate, 0.0, steps) if ppo.lr_decay else ppo.learning_rate
+    return optax.chain(optax.clip_by_global_norm(ppo.max_grad_norm), optax.adam(lr, eps=ADAM_EPS))
+
+
+@dataclass
+class JaxPPO:
+    """PPO on `n_envs` clusters of (`cfg`, `params`); see the module docstring.
+
+    `setup(seed)` resets the clusters (staggered first episodes with `stagger`) and initialises the
+    network; `update()` runs one rollout and its update in one jitted call and returns its logs.
+    """
+
+    cfg: EnvConfig
+    params: EnvParams
+    ppo: PPOConfig
+    n_envs: int
+    total_timesteps: int
+    stagger: bool = True
+    net: NodeScoringNet = field(init=False)
+    core: BurstBalance = field(init=False)
+
+    def __post_init__(self) -> None:
+        if self.n_envs < 1 or self.ppo.n_steps < 1:
+            raise ValueError("n_envs and n_steps must be positive")
+        batch = self.n_envs * self.ppo.n_steps
+        self.batch_size = min(self.ppo.batch_size, batch)  # as train.py caps SB3's
+        if batch % self.batch_size:
+            raise ValueError(
+                f"batch_size {self.batch_size} must divide n_steps x n_envs = {batch} "
+                "(jax-ppo uses whole minibatches)"
+            )
+        self.n_minibatches = batch // self.batch_size
+        self.n_updates = max(math.ceil(self.total_timesteps / batch), 1)
+        self.core = _core(self.cfg)
+        self.net = _net(self.cfg.n_nodes, self.ppo.hidden)
+        self.num_timesteps = 0
+
+    def _jit(self, name: str, fn: Callable, *extra: Any) -> Callable:
+        """`jax.jit(fn)`, compiled once per process for every learner of the same static settings:
+        `fn` reads only the configuration, the PPO settings and the batch layout from `self` (the
+        scenario's parameters come as an argument), so it is shared by equal learners."""
+        key = (name, self.cfg, self.ppo, self.n_envs, self.batch_size, self.n_updates, *extra)
+        if key not in _JITTED:
+            _JITTED[key] = jax.jit(fn)
+        return _JITTED[key]
+
+    # ----------------------------------------------------------------------------- set-up
+
+    def setup(self, seed: int) -> None:
+        """Reset every cluster from `seed` and initialise the network and the optimiser."""
+        key = jax.random.key(seed)
+        key, k_net, k_env, k_len = jax.random.split(key, 4)
+        keys = jax.random.split(k_env, self.n_envs)
+        e = self.cfg.episode_length
+        horizons = (
+            jax.random.randint(k_len, (self.n_envs,), 1, e + 1, dtype=jnp.int32)
+            if self.stagger
+            else jnp.full(self.n_envs, e, jnp.int32)
+        )
+        obs, states = self._jit("reset", self.core.batched_reset)(keys, self.params, horizons)
+        dim = obs.shape[-1]
+        tx = _optimizer(self.ppo, self.n_updates * self.ppo.n_epochs * self.n_minibatches)
+        variables = self.net.init(k_net, jnp.zeros((1, dim), jnp.float32))
+        self.train_state = TrainState.create(apply_fn=self.net.apply, params=variables, tx=tx)
+        self.stats = ObsStats.empty().update(obs, self.cfg.n_nodes)  # VecNormalize counts the reset too
+        self.runner = Runner(states, obs, key, jnp.zeros(self.n_envs, jnp.float32))
+
+    def normalize(self, stats: ObsStats, obs: jax.Array) -> jax.Array:
+        return stats.normalize(obs, self.cfg.n_nodes) if self.ppo.norm_obs else obs
+
+    # -------------------------------------------------------------------------- one update
+
+    def update(self) -> dict[str, float]:
+        """One rollout and its PPO update; returns the logs (SB3's `train/...` names, episode
+        returns and serving metrics of the episodes that ended in the rollout)."""
+        update = self._jit("update", self._update_fn)
+        self.train_state, self.stats, self.runner, logs = update(
+            self.train_state, self.stats, self.runner, self.params
+        )
+        logs = jax.device_get(logs)
+        if int(logs.pop("error")):
+            where = f" in the jax-ppo rollout ending at step {self.num_timesteps}"
+            check_error(int(logs["error_bits"]), where)
+        logs.pop("error_bits")
+        self.num_timesteps += self.n_envs * self.ppo.n_steps
+        return {k: float(v) for k, v in logs.items()}
+
+    def _rollout(self, ts: TrainState, stats: ObsStats, runner: Runner, env_params: EnvParams):
+        step = _env_step(self.core, env_params, auto_reset=True)
+        p, cut = self.ppo, self.cfg.end == "cut"
+
+        def body(r: Runner, _):
+            key, k_act = jax.random.split(r.key)
+            x = self.normalize(stats, r.obs)
+            logits, value = ts.apply_fn(ts.params, x)
+            action, logp = _categorical(k_act, logits)
+            obs, states, reward, done, info = step(r.states, action)
+            if cut:  # a truncation: bootstrap from the final observation inside the reward
+                _, v_end = ts.apply_fn(ts.params, self.normalize(stats, info["final_obs"]))
+                reward = reward + p.gamma * jnp.where(done, v_end, 0.0)
+            ep_return = r.ep_return + reward
+            out = (
+                Transition(x, action, logp, value, reward, done),
+                r.obs,
+                ep_return,
+                info["metrics"],
+                info["error"],
+            )
+            return Runner(states, obs, key, jnp.where(done, 0.0, ep_return)), out
+
+        return jax.lax.scan(body, runner, None, length=p.n_steps)
+
+    def _loss(self, params, batch: Transition, adv: jax.Array, returns: jax.Array, clip: float):
+        p = self.ppo
+        logits, value = self.net.apply(params, batch.obs)
+        logp_all = jax.nn.log_softmax(logits)
+        logp = jnp.take_along_axis(logp_all, batch.action[:, None], axis=-1)[:, 0]
+        if p.normalize_advantage and adv.shape[0] > 1:
+            adv = (adv - adv.mean()) / (adv.std(ddof=1) + 1e-8)
+        log_ratio = logp - batch.logp
+        ratio = jnp.exp(log_ratio)
+        pg = -jnp.minimum(adv * ratio, adv * jnp.clip(ratio, 1 - clip, 1 + clip)).mean()
+        value_loss = ((returns - value) ** 2).mean()
+        entropy = -(jnp.exp(logp_all) * logp_all).sum(axis=-1).mean()
+        loss = pg - p.ent_coef * entropy + p.vf_coef * value_loss
+        aux = {
+            "policy_gradient_loss": pg,
+            "value_loss": value_loss,
+            "entropy_loss": -entropy,
+            "approx_kl": ((ratio - 1) - log_ratio).mean(),
+            "clip_fraction": (jnp.abs(ratio - 1) > clip).mean(),
+            "loss": loss,
+        }
+        return loss, aux
+
+    def _update_fn(self, ts: TrainState, stats: ObsStats, runner: Runner, env_params: EnvParams):
+        p = self.ppo
+        runner, (tr, raw_obs, ep_return, metrics, error) = self._rollout(ts, stats, runner, env_params)
+        _, last_value = ts.apply_fn(ts.params, self.normalize(stats, runner.obs))
+        adv, returns = gae(tr.reward, tr.value, tr.done, last_value, p.gamma, p.gae_lambda)
+        flat = jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), (tr, adv, returns))
+        n = flat[1].shape[0]
+        key, k_epochs = jax.random.split(runner.key)
+        runner = runner._replace(key=key)
+        grad = jax.value_and_grad(self._loss, has_aux=True)
+
+        def minibatch(carry, idx):
+            ts, stopped = carry
+            batch, a, g = jax.tree.map(lambda x: x[idx], flat)
+            (_, aux), grads = grad(ts.params, batch, a, g, p.clip_range)
+            stop = stopped if p.target_kl is None else stopped | (aux["approx_kl"] > 1.5 * p.target_kl)
+            new = ts.apply_gradients(grads=grads)
+            ts = jax.tree.map(lambda old, upd: jnp.where(stop, old, upd), ts, new)
+            return (ts, stop), (aux, ~stop)
+
+        def epoch(carry, k):
+            perm = jax.random.permutation(k, n).reshape(self.n_minibatches, self.batch_size)
+            return jax.lax.scan(minibatch, carry, perm)
+
+        (ts, stopped), (aux, applied) = jax.lax.scan(
+            epoch, (ts, jnp.bool_(False)), jax.random.split(k_epochs, p.n_epochs)
+        )
+        applied = applied.astype(jnp.float32)
+        # SB3 logs the minibatches it trained on (and the one that stopped the update)
+        weight = jnp.maximum(applied, jnp.zeros_like(applied).at[0, 0].set(1.0))
+        logs = {f"train/{k}": (v * weight).sum() / weight.sum() for k, v in aux.items()}
+        var = flat[2].var()
+        logs["train/explained_variance"] = jnp.where(
+            var > 0, 1 - (flat[2] - flat[0].value).var() / var, jnp.nan
+        )
+        logs["train/n_updates"] = applied.sum()
+        logs["train/stopped_early"] = stopped.astype(jnp.float32)
+        ended = tr.done.astype(jnp.float32)
+        count = ended.sum()
+        logs["rollout/episodes"] = count
+        logs["rollout/ep_rew_mean"] = jnp.where(
+            count > 0, (ep_return * ended).sum() / jnp.maximum(count, 1), jnp.nan
+        )
+        for k, v in metrics.items():
+            if v.ndim == 2:  # a scalar per cluster
+                logs[f"serving/{k}"] = jnp.where(
+                    count > 0, (v * ended).sum() / jnp.maximum(count, 1), jnp.nan
+                )
+            else:  # per node
+                share = (v * ended[..., None]).sum(axis=(0, 1)) / jnp.maximum(count, 1)
+                for i in range(v.shape[-1]):
+                    logs[f"serving/{k}_node{i}"] = jnp.where(count > 0, share[i], jnp.nan)
+        logs["error"] = (error != 0).any()
+        logs["error_bits"] = jnp.bitwise_or.reduce(error.reshape(-1))
+        new_stats = stats.update(raw_obs, self.cfg.n_nodes) if p.norm_obs else stats
+        return ts, new_stats, runner, logs
+
+    # -------------------------------------------------------------------------- warm start
+
+    def warm_start(
+        self, teacher: Any, steps: int, epochs: int, batch_size: int, lr: float = 1e-3
+    ) -> dict[str, float]:
+        """Behaviour cloning as `agents.learners.behaviour_clone`: `teacher` (a JAX router,
+        `agents.jax_routers`) routes the training clusters for `steps` decisions; the observation
+        statistics take in its observations; then `epochs` passes of minibatches of `batch_size`
+        fit the actor (cross-entropy on the teacher's actions) and the critic (squared error to
+        the discounted returns, bootstrapped from the critic where the data stop, recomputed each
+        epoch). The clusters continue from where the teacher left them."""
+        n = self.cfg.n_nodes
+        t = max(steps // self.n_envs, 1)
+        gamma, cut = self.ppo.gamma, self.cfg.end == "cut"
+
+        def collect(runner: Runner, env_params: EnvParams):
+            step = _env_step(self.core, env_params, auto_reset=True)
+            r0 = jax.vmap(lambda s: teacher.init(n, s, s))(jnp.zeros(self.n_envs, jnp.uint32))
+
+            def body(carry, _):
+                r, rs = carry
+                views = jax.vmap(self.core.view, in_axes=(0, None))(r.states, env_params)
+                masks = jax.vmap(action_mask)(views)
+                action, rs = jax.vmap(teacher.act)(rs, views, masks)
+                obs, states, reward, done, info = step(r.states, action)
+                rs = cluster.tree_where(done, r0, rs)
+                out = (r.obs, action, reward, done, info["final_obs"], info["error"])
+                return (r._replace(states=states, obs=obs), rs), out
+
+            (runner, _), data = jax.lax.scan(body, (runner, r0), None, length=t)
+            return runner, data
+
+        collected = self._jit("collect", collect, teacher, t)(self.runner, self.params)
+        self.runner, (obs, actions, rewards, dones, final_obs, error) = collected
+        bits = int(np.bitwise_or.reduce(np.asarray(error).reshape(-1)))
+        if bits:
+            check_error(bits, " in the warm start's rollout")
+        if self.ppo.norm_obs:
+            self.stats = self.stats.update(obs, n)
+        m = t * self.n_envs
+        size = min(batch_size, m)
+        n_batches = m // size
+        tx = optax.adam(lr)
+
+        def fit(ts_params, stats, key, obs, actions, rewards, dones, final_obs, last_obs):
+            x = self.normalize(stats, obs)
+            x_end, x_last = self.normalize(stats, final_obs), self.normalize(stats, last_obs)
+            y = actions.reshape(-1)
+            opt = tx.init(ts_params)
+
+            def targets(params):
+                _, v_end = self.net.apply(params, x_end)
+                _, v_last = self.net.apply(params, x_last)
+                boot = jnp.where(cut, v_end, 0.0)
+
+                def back(future, xs):
+                    r, d, b = xs
+                    g = r + gamma * jnp.where(d, b, future)
+                    return g, g
+
+                return jax.lax.scan(back, v_last, (rewards, dones, boot), reverse=True)[1].reshape(-1)
+
+            def loss(params, idx, g):
+                logits, value = self.net.apply(params, x.reshape(m, -1)[idx])
+                ce = -jnp.take_along_axis(jax.nn.log_softmax(logits), y[idx][:, None], axis=-1).mean()
+                return ce + ((value - g[idx]) ** 2).mean()
+
+            def epoch(carry, k):
+                params, opt = carry
+                g = jax.lax.stop_gradient(targets(params))
+                perm = jax.random.permutation(k, m)[: n_batches * size].reshape(n_batches, size)
+
+                def mb(c, idx):
+                    params, opt = c
+                    grads = jax.grad(loss)(params, idx, g)
+                    upd, opt = tx.update(grads, opt, params)
+                    return (optax.apply_updates(params, upd), opt), None
+
+                return jax.lax.scan(mb, (params, opt), perm)[0], None
+
+            def ev(params):
+                g = targets(params)
+                _, v = self.net.apply(params, x.reshape(m, -1))
+                return 1 - (g - v).var() / g.var()
+
+            ev0 = ev(ts_params)
+            params, _ = jax.lax.scan(epoch, (ts_params, opt), jax.random.split(key, epochs))[0]
+            logits, _ = self.net.apply(params, x.reshape(m, -1))
+            agree = (jnp.argmax(logits, axis=-1) == y).mean()
+            return params, {
+                "agreement": agree,
+                "value_explained_variance": ev(params),
+                "value_explained_variance_initial": ev0,
+            }
+
+        key, sub = jax.random.split(self.runner.key)
+        self.runner = self.runner._replace(key=key)
+        data = (obs, actions, rewards, dones, final_obs, self.runner.obs)
+        fitted = self._jit("fit", fit, t, epochs, size, lr)
+        params, out = fitted(self.train_state.params, self.stats, sub, *data)
+        self.train_state = self.train_state.replace(params=params)
+        return {**{k: float(v) for k, v in jax.device_get(out).items()}, "samples": m}
+
+    # ------------------------------------------------------------------------- checkpoints
+
+    def save(self, path: str | Path) -> None:
+        """Write the network parameters and observation statistics to `path` (.msgpack)."""
+        save_checkpoint(
+            path, self.train_state.params, self.stats if self.ppo.norm_obs else None, self.ppo.hidden
+        )
+
+    def router(self, name: str = "learned", deterministic: bool = True) -> JaxPolicyRouter:
+        """The current policy as a router (a snapshot: later updates do not change it)."""
+        stats = self.stats if self.ppo.norm_obs else None
+        return JaxPolicyRouter(
+            jax.device_get(self.train_state.params),
+            stats,
+            self.cfg.n_nodes,
+            self.ppo.hidden,
+            name,
+            deterministic,
+        )
+
+
+def save_checkpoint(path: str | Path, params: Any, stats: ObsStats | None, hidden: int) -> None:
+    """A checkpoint: {"params", "stats" (or absent: observations not normalised), "hidden"}."""
+    blob = {"params": jax.device_get(params), "hidden": hidden}
+    if stats is not None:
+        blob["stats"] = jax.device_get({"node": stats.node._asdict(), "glob": stats.glob._asdict()})
+    Path(path).write_bytes(flax.serialization.msgpack_serialize(blob))
+
+
+class JaxPolicyRouter:
+    """A jax-ppo policy as a router with the heuristics' interface (`agents.learners.PolicyRouter`'s):
+    argmax of the logits (default) or sampled from them, on observations normalised with the
+    statistics saved with the policy."""
+
+    balancing = False
+
+    def __init__(
+        self,
+        params: Any,
+        stats: ObsStats | None,
+        n_nodes: int,
+        hidden: int,
+        name: str = "learned",
+        deterministic: bool = True,
+        seed: int = 0,
+    ):
+        self.params, self.stats, self.n_nodes, self.name = params, stats, n_nodes, name
+        self.deterministic, self.hidden, self.seed = deterministic, hidden, seed
+        self._build()
+
+    def _build(self) -> None:
+        self.net = NodeScoringNet(self.n_nodes, self.hidden)
+        self._key = jax.random.key(self.seed)
+        self._act = jax.jit(self._act_fn)
+
+    def __getstate__(self) -> dict[str, Any]:  # picklable (Ray tasks): arrays and settings only
+        keep = ("params", "stats", "n_nodes", "hidden", "name", "deterministic", "seed")
+        return {k: jax.device_get(getattr(self, k)) for k in keep}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._build()
+
+    @property
+    def observation_shape(self) -> tuple[int, ...]:
+        """The observation shape the policy takes."""
+        return (self.n_nodes * len(NODE_FEATURES) + len(GLOBAL_FEATURES),)
+
+    @classmethod
+    def load(cls, path: str | Path, name: str = "learned", deterministic: bool = True) -> JaxPolicyRouter:
+        """The router of a checkpoint written by `JaxPPO.save` (clear errors for a missing or
+        foreign file)."""
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"checkpoint {str(path)!r} does not exist")
+        try:
+            blob = flax.serialization.msgpack_restore(path.read_bytes())
+            params, hidden = blob["params"], int(blob["hidden"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"{path}: not a jax-ppo checkpoint ({e})") from e
+        stats = None
+        if "stats" in blob:
+            s = blob["stats"]
+            stats = ObsStats(Moments(**s["node"]), Moments(**s["glob"]))
+        kernel = params["params"]["score_0"]["kernel"]
+        n_inputs = int(np.asarray(params["params"]["value_0"]["kernel"]).shape[0])
+        n_nodes, rest = divmod(n_inputs - len(GLOBAL_FEATURES), len(NODE_FEATURES))
+        if rest or kernel.shape[0] != len(NODE_FEATURES) + len(GLOBAL_FEATURES):
+            raise ValueError(f"{path}: the network's inputs ({n_inputs}) are not a BurstBalance observation")
+        return cls(params, stats, n_nodes, hidden, name, deterministic)
+
+    def _act_fn(self, params, stats, obs, key, deterministic):
+        x = obs if stats is None else stats.normalize(obs, self.n_nodes)
+        logits, _ = self.net.apply(params, x)
+        return jnp.where(deterministic, jnp.argmax(logits, axis=-1), jax.random.categorical(key, logits))
+
+    def reset(self, n_envs: int) -> None:
+        """Restart the sampling key, so that a sampled episode is reproducible."""
+        self._key = jax.random.key(self.seed)
+
+    def __call__(self, obs: np.ndarray, mask: np.ndarray | None = None, view: Any = None) -> np.ndarray:
+        """Actions for a batch of observations [B, D] (`mask` and `view` are not used: the policy
+        was trained without masks, as SB3's PPO)."""
+        obs = np.asarray(obs, dtype=np.float32)
+        if obs.shape[-1:] != self.observation_shape:
+            raise ValueError(
+                f"observations of size {obs.shape[-1]} do not fit this {self.n_nodes}-node policy"
+            )
+        self._key, sub = jax.random.split(self._key)
+        return np.asarray(self._act(self.params, self.stats, obs, sub, self.deterministic), dtype=np.int64)

@@ -1,0 +1,148 @@
+"""The JAX learner (agents/jax_ppo.py): its parts against references (GAE against a plain loop,
+observation statistics against the SB3 learner's, the network against the SB3 policy's shape and
+symmetry), the KL stop, refusals of settings it does not implement, and a tiny training run that
+is reproducible and whose checkpoint routes."""
+
+from __future__ import annotations
+
+import dataclasses
+import pickle
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from agents.hyperparams import load
+from agents.jax_ppo import JaxPolicyRouter, JaxPPO, NodeScoringNet, ObsStats, PPOConfig, gae
+from agents.jax_routers import make_jax_router
+from agents.learners import NodePooledRunningMeanStd, load_router
+from burstgym import scenarios
+from burstgym.observation import GLOBAL_FEATURES, NODE_FEATURES, obs_size
+
+N = 4
+TINY = dict(n_steps=8, batch_size=16, n_epochs=2, target_kl=None)
+FULL = TINY["n_epochs"] * (4 * TINY["n_steps"] // TINY["batch_size"])  # minibatch steps per update
+
+
+def test_gae_equals_a_plain_backward_loop():
+    rng = np.random.default_rng(0)
+    t, b, gamma, lam = 12, 3, 0.97, 0.9
+    rewards, values = rng.normal(size=(t, b)), rng.normal(size=(t, b))
+    dones, last = rng.random((t, b)) < 0.2, rng.normal(size=b)
+    adv_ref, next_adv, next_v = np.zeros((t, b)), np.zeros(b), last
+    for k in range(t - 1, -1, -1):
+        live = 1.0 - dones[k]
+        delta = rewards[k] + gamma * next_v * live - values[k]
+        next_adv = delta + gamma * lam * live * next_adv
+        adv_ref[k], next_v = next_adv, values[k]
+    adv, ret = gae(*(jnp.asarray(x, jnp.float32) for x in (rewards, values, dones, last)), gamma, lam)
+    np.testing.assert_allclose(adv, adv_ref, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(ret, adv_ref + values, rtol=1e-5, atol=1e-5)
+
+
+def test_observation_statistics_equal_the_sb3_learners_node_pooled_ones():
+    rng = np.random.default_rng(1)
+    ref, stats = NodePooledRunningMeanStd(N), ObsStats.empty()
+    for scale in (1.0, 5.0, 0.1):
+        batch = (rng.normal(size=(50, obs_size(N))) * scale + scale).astype(np.float32)
+        ref.update(batch)
+        stats = stats.update(jnp.asarray(batch), N)
+    x = rng.normal(size=(7, obs_size(N))).astype(np.float32) * 3
+    want = np.clip((x - ref.mean) / np.sqrt(ref.var + 1e-8), -10, 10)
+    np.testing.assert_allclose(stats.normalize(jnp.asarray(x), N), want, rtol=1e-4, atol=1e-4)
+
+
+def test_network_scores_nodes_alike_and_has_the_sb3_policys_parameters():
+    from agents.policies import NodeScorer
+
+    net = NodeScoringNet(N, 64)
+    variables = net.init(jax.random.key(0), jnp.zeros((1, obs_size(N))))
+    obs = jax.random.normal(jax.random.key(1), (5, obs_size(N)))
+    logits, value = net.apply(variables, obs)
+    assert logits.shape == (5, N) and value.shape == (5,)
+    f, k = len(NODE_FEATURES), N * len(NODE_FEATURES)
+    perm = np.array([2, 0, 3, 1])
+    nodes = obs[:, :k].reshape(5, N, f)[:, perm].reshape(5, k)
+    permuted, _ = net.apply(variables, jnp.concatenate([nodes, obs[:, k:]], axis=1))
+    np.testing.assert_allclose(permuted, logits[:, perm], rtol=1e-5, atol=1e-6)
+    assert float(jnp.abs(logits).max()) < 0.1  # action head gain 0.01: near-uniform at the start
+    ours = sum(x.size for x in jax.tree.leaves(variables))
+    scorer = NodeScorer(N, 64)
+    theirs = sum(p.numel() for p in scorer.parameters()) + 64 + 1  # plus SB3's value_net Linear(64, 1)
+    assert ours == theirs
+    assert len(GLOBAL_FEATURES) + f == variables["params"]["score_0"]["kernel"].shape[0]
+
+
+@pytest.fixture(scope="module")
+def tiny_setup():
+    cfg, params = scenarios.make("prefix", episode_length=16)
+    base = dataclasses.replace(PPOConfig.from_entry(load("ppo", "prefix")), **TINY)
+    return cfg, params, base
+
+
+def _learner(tiny_setup, seed: int = 0, **changes) -> JaxPPO:
+    cfg, params, base = tiny_setup
+    learner = JaxPPO(cfg, params, dataclasses.replace(base, **changes), n_envs=4, total_timesteps=64)
+    learner.setup(seed)
+    return learner
+
+
+def test_training_is_reproducible_and_its_checkpoint_routes(tiny_setup, tmp_path):
+    runs = []
+    for seed in (0, 0, 1):
+        learner = _learner(tiny_setup, seed)
+        bc = learner.warm_start(make_jax_router("jsq"), 32, epochs=2, batch_size=16)
+        assert 0.0 <= bc["agreement"] <= 1.0 and bc["samples"] == 32
+        logs = [learner.update() for _ in range(2)]
+        assert learner.num_timesteps == 64
+        assert np.isfinite(logs[-1]["train/value_loss"]) and logs[-1]["train/n_updates"] == FULL
+        runs.append((jax.tree.leaves(learner.train_state.params), logs, learner))
+    for a, b in zip(runs[0][0], runs[1][0], strict=True):
+        np.testing.assert_array_equal(a, b)  # same seed: the same parameters, bit for bit
+    assert any(not np.array_equal(a, b) for a, b in zip(runs[0][0], runs[2][0], strict=True))
+    learner = runs[0][2]
+    learner.save(tmp_path / "model.msgpack")
+    router = load_router(tmp_path / "model.msgpack", "jax-ppo", require_normalization=True)
+    assert isinstance(router, JaxPolicyRouter) and router.observation_shape == (obs_size(N),)
+    obs = np.asarray(learner.runner.obs)
+    np.testing.assert_array_equal(router(obs), learner.router()(obs))
+    logits, _ = learner.net.apply(learner.train_state.params, learner.stats.normalize(jnp.asarray(obs), N))
+    np.testing.assert_array_equal(router(obs), np.argmax(np.asarray(logits), axis=1))
+    again = pickle.loads(pickle.dumps(router))  # travels to Ray tasks
+    np.testing.assert_array_equal(again(obs), router(obs))
+    with pytest.raises(ValueError, match="do not fit"):
+        router(obs[:, :-1])
+
+
+def test_target_kl_stops_the_update_before_the_first_minibatch_past_it(tiny_setup):
+    # The first minibatch starts at the rollout's policy (KL exactly 0) and is applied; every
+    # later one is past a vanishing target and the update stops there.
+    # (without a target every minibatch is applied: the reproducibility test checks FULL)
+    logs = _learner(tiny_setup, target_kl=1e-12).update()
+    assert logs["train/n_updates"] == 1 and logs["train/stopped_early"] == 1
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"use_sde": True}, "does not implement use_sde"),
+        ({"policy": "MlpPolicy"}, "trains agents.policies.NodeScoringPolicy only"),
+        ({"normalize": {"norm_obs": True, "norm_reward": True}}, "norm_reward: false"),
+        ({"learning_rate": "exp_0.1"}, "unknown schedule"),
+        ({"clip_range": "lin_0.2"}, "constant clip_range"),
+    ],
+)
+def test_settings_it_does_not_implement_are_refused_by_name(change, message):
+    entry = {**load("ppo", "prefix"), **change}
+    with pytest.raises(ValueError, match=message):
+        PPOConfig.from_entry(entry, "agents/hyperparams.yml")
+
+
+def test_a_checkpoint_that_is_not_one_is_refused(tmp_path):
+    bad = tmp_path / "x.msgpack"
+    bad.write_bytes(b"not msgpack")
+    with pytest.raises(ValueError, match="not a jax-ppo checkpoint"):
+        JaxPolicyRouter.load(bad)
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        JaxPolicyRouter.load(tmp_path / "missing.msgpack")
