@@ -139,27 +139,28 @@ def run_resolved(
     max_seeds: int,
     width_pct: float,
     pairs: Callable[[dict[str, Episodes]], list[tuple[str, str]]],
-) -> tuple[dict[str, Episodes], bool]:
+) -> tuple[dict[str, Episodes], list[str]]:
     """Runs `routers` on `seeds` (a contiguous range), then on further batches of as many new seeds
     continuing the range, until every paired comparison (x, baseline) in `pairs(results)` has a 95%
     CI half-width of at most `width_pct`% of the baseline's objective, or `max_seeds` seeds have
-    run. Returns the results and whether every comparison resolved."""
+    run. Returns the results and the x of each comparison that did not resolve (in order)."""
     res = rollout.run(routers, seeds)
     step, n = len(seeds), len(seeds)
 
-    def resolved(res: dict[str, Episodes]) -> bool:
+    def unresolved(res: dict[str, Episodes]) -> list[str]:
+        out = []
         for x, base in pairs(res):
             _, half, _ = paired(res[x].cost, res[base].cost)
             if not half <= width_pct / 100 * abs(float(res[base].cost.mean())):
-                return False
-        return True
+                out.append(x)
+        return out
 
-    while not resolved(res) and n < max_seeds:
+    while unresolved(res) and n < max_seeds:
         more = list(range(seeds[0] + n, seeds[0] + min(n + step, max_seeds)))
         extra = rollout.run(routers, more)
         res = {k: concat_episodes(res[k], extra[k]) for k in res}
         n += len(more)
-    return res, resolved(res)
+    return res, unresolved(res)
 
 
 def pooled_percentile(latency: np.ndarray, q: float, n_resamples: int = 999) -> tuple[float, float]:
@@ -289,9 +290,9 @@ def scenario_task(
     seeds: list[int],
     max_seeds: int,
     width_pct: float,
-) -> tuple[dict[str, Episodes], bool]:
+) -> tuple[dict[str, Episodes], list[str]]:
     """Every router (and the learned one) on scenario `name`, seeds added until every paired CI
-    against round-robin resolves (`run_resolved`)."""
+    against round-robin resolves (`run_resolved`); returns the results and the unresolved routers."""
     rollout = Rollout(name, **settings)
     batch = [make_router(r, rollout.cfg.n_nodes) for r in routers] + ([learned] if learned else [])
     return run_resolved(
@@ -358,7 +359,7 @@ def regime_cell(
     if learned is not None:
         routers.append(learned)
     families = {"batching": batching, "affinity": affinity}
-    res, resolved = run_resolved(
+    res, left = run_resolved(
         Rollout(scenario, **cell),
         routers,
         seeds,
@@ -374,7 +375,7 @@ def regime_cell(
         "scheduler": scheduler,
         "best_balancing": bal,
         "seeds": int(res[bal].cost.size),
-        "resolved": resolved,
+        "resolved": not left,
     }
     for family, names in families.items():
         if not names:
@@ -520,7 +521,7 @@ def markdown(df: pd.DataFrame, lines: list[str]) -> str:
         "Objective: total latency + drop penalty + energy term (s), lower is better; "
         "Δ vs RR: paired difference against round-robin over the same seeds (objective; TTFT mean). "
         "Percentiles (p50, p99) pool the served requests of all seeds; their CIs are bootstrap CIs "
-        "resampling seeds.",
+        'resampling seeds. "unresolved": the paired CI stayed wider than --ci-width after --max-seeds seeds.',
         "",
     ]
     for scenario, sub in df.groupby("scenario", sort=False):
@@ -535,7 +536,8 @@ def markdown(df: pd.DataFrame, lines: list[str]) -> str:
             cells = [
                 r["router"],
                 fmt(r["objective"], r["objective_ci"], 1),
-                f"{r['vs_rr_pct']:+.2f}% ({fmt(r['vs_rr'], r['vs_rr_ci'], 1)})",
+                f"{r['vs_rr_pct']:+.2f}% ({fmt(r['vs_rr'], r['vs_rr_ci'], 1)})"
+                + ("" if r.get("resolved", True) else " unresolved"),
                 fmt(r["ttft_mean"], r["ttft_mean_ci"]),
                 fmt(r["ttft_mean_vs_rr"], r["ttft_mean_vs_rr_ci"]),
                 *(
@@ -699,14 +701,14 @@ def evaluate(args: argparse.Namespace) -> int:
         for _, name, s in jobs
     ]
     outcomes = run_tasks(scenario_task, tasks, "scenarios", args.ray)
-    for (label, _, _), (res, resolved) in zip(jobs, outcomes, strict=True):
+    for (label, _, _), (res, left) in zip(jobs, outcomes, strict=True):
         all_results[label] = res
-        rows += [{**row, "resolved": resolved} for row in scenario_rows(label, res)]
+        rows += [{**row, "resolved": row["router"] not in left} for row in scenario_rows(label, res)]
         unresolved = (
-            ""
-            if resolved
-            else f" (unresolved: a paired 95% CI against round-robin stays wider than ±{args.ci_width:g}% "
-            f"of its objective after {args.max_seeds} seeds)"
+            f" (unresolved after {args.max_seeds} seeds: the paired 95% CI against round-robin of "
+            f"{', '.join(left)} stays wider than ±{args.ci_width:g}% of its objective)"
+            if left
+            else ""
         )
         lines.append(summary(label, res, learned.name if learned else None) + unresolved)
         console.print(lines[-1])

@@ -157,11 +157,15 @@ class BurstBalanceEnv(gym.Env):
 
     def _nodes(self) -> dict[str, np.ndarray]:
         s = jax.device_get(self._state)
+        view = jax.device_get(self.router_view())
         return {
             "running": (s.slots.status == RUNNING).sum(axis=1),
             "waiting": (s.slots.status == WAITING).sum(axis=1),
             "phase": s.nodes.phase,
-            "kv": np.asarray(self.router_view().kv_util),
+            "kv": np.asarray(view.kv_util),
+            "cache": np.asarray(view.cache_used),
+            "hit": np.asarray(view.hit_tokens),
+            "prompt": float(view.prompt),
             "clock": float(s.clock),
             "step": int(s.step),
         }
@@ -175,13 +179,16 @@ class BurstBalanceEnv(gym.Env):
             for i in range(self.cfg.n_nodes):
                 lines.append(
                     f"node {i}: {_PHASES[n['phase'][i]]:6s} running={n['running'][i]:4d} "
-                    f"waiting={n['waiting'][i]:4d} kv={n['kv'][i]:5.1%}"
+                    f"waiting={n['waiting'][i]:4d} kv={n['kv'][i]:5.1%} cache={n['cache'][i]:5.1%} "
+                    f"hit={int(n['hit'][i])}/{int(n['prompt'])}"
                 )
             return "\n".join(lines)
         return self._render_rgb(n)
 
     def _render_rgb(self, n: dict[str, Any]) -> np.ndarray:
-        """An RGB frame: running and waiting requests per node, KV usage as a second axis."""
+        """An RGB frame: per node running and waiting requests (bars) and its power state (tick
+        label); on a second axis the KV share held by running requests and by the prefix cache;
+        the arriving request's prompt and each node's cached prefix of it (tick label, title)."""
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
 
@@ -191,14 +198,24 @@ class BurstBalanceEnv(gym.Env):
         x = np.arange(self.cfg.n_nodes)
         ax.bar(x - 0.2, n["running"], 0.4, label="running")
         ax.bar(x + 0.2, n["waiting"], 0.4, label="waiting")
-        ax.set_xticks(x, [f"{i}\n{_PHASES[p]}" for i, p in enumerate(n["phase"])])
+        ticks = [
+            f"{i} {_PHASES[p]}\nhit {int(h)}"
+            for i, (p, h) in enumerate(zip(n["phase"], n["hit"], strict=True))
+        ]
+        ax.set_xticks(x, ticks)
         ax.set_ylabel("requests")
-        ax.set_title(f"t = {n['clock']:.2f} s, request {n['step']}/{self.cfg.episode_length}")
+        ax.set_title(
+            f"t = {n['clock']:.2f} s, request {n['step']}/{self.cfg.episode_length}: "
+            f"{int(n['prompt'])} prompt tokens",
+            fontsize="medium",
+        )
         kv = ax.twinx()
-        kv.plot(x, n["kv"], "k.", label="KV used")
+        kv.plot(x, n["kv"], "k.", markersize=10, label="KV: running")
+        kv.plot(x, n["cache"], "rx", markersize=8, label="KV: prefix cache")
         kv.set_ylim(0, 1)
-        kv.set_ylabel("KV used by running requests")
+        kv.set_ylabel("share of KV blocks")
         ax.legend(loc="upper left", fontsize="small")
+        kv.legend(loc="upper right", fontsize="small")
         fig.tight_layout()
         fig.canvas.draw()
         return np.asarray(fig.canvas.buffer_rgba())[..., :3].copy()

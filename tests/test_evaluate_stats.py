@@ -147,18 +147,18 @@ class _FakeRollout:
 def test_run_resolved_adds_new_seeds_until_the_ci_is_narrow_enough_or_the_cap():
     pairs = lambda res: [("x", "rr")]  # noqa: E731
     wide = _FakeRollout()
-    res, ok = evaluate.run_resolved(wide, [], [0, 1, 2, 3], 40, 50.0, pairs)
-    assert ok and wide.calls == [[0, 1, 2, 3]] and res["x"].cost.size == 4
+    res, left = evaluate.run_resolved(wide, [], [0, 1, 2, 3], 40, 50.0, pairs)
+    assert not left and wide.calls == [[0, 1, 2, 3]] and res["x"].cost.size == 4
 
     capped = _FakeRollout()
-    res, ok = evaluate.run_resolved(capped, [], [0, 1, 2, 3], 10, 0.01, pairs)
-    assert not ok and capped.calls == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    res, left = evaluate.run_resolved(capped, [], [0, 1, 2, 3], 10, 0.01, pairs)
+    assert left == ["x"] and capped.calls == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
     assert res["x"].cost.size == 10 and res["rr"].ttft.shape == (10, 4)
 
     target = _FakeRollout()  # ±5 noise on 100: a ±2% CI needs roughly 25 seeds
-    res, ok = evaluate.run_resolved(target, [], [0, 1, 2, 3], 200, 2.0, pairs)
+    res, left = evaluate.run_resolved(target, [], [0, 1, 2, 3], 200, 2.0, pairs)
     _, half, _ = evaluate.paired(res["x"].cost, res["rr"].cost)
-    assert ok and half <= 2.0 and 8 < res["x"].cost.size < 200
+    assert not left and half <= 2.0 and 8 < res["x"].cost.size < 200
     seen = [s for call in target.calls for s in call]
     assert seen == list(range(len(seen)))  # every seed once, in order
 

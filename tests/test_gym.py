@@ -59,6 +59,26 @@ def test_render_modes() -> None:
         gym.make("BurstBalance-v0", **GYM, render_mode="svg")
 
 
+def test_record_video_writes_an_episode(tmp_path) -> None:
+    """Gymnasium's RecordVideo records the rgb_array frames of an episode to an .mp4."""
+    pytest.importorskip("moviepy", reason="RecordVideo needs moviepy (pip install -e '.[dev]')")
+    env = gym.make("BurstBalance-v0", scenario="prefix", episode_length=8, render_mode="rgb_array")
+    env = gym.wrappers.RecordVideo(
+        env, str(tmp_path / "video"), episode_trigger=lambda k: True, disable_logger=True
+    )
+    env.reset(seed=0)
+    done = False
+    while not done:
+        _, _, terminated, truncated, _ = env.step(env.action_space.sample())
+        done = terminated or truncated
+    env.close()
+    (video,) = (tmp_path / "video").glob("*.mp4")
+    assert video.stat().st_size > 1000
+    text = gym.make("BurstBalance-v0", scenario="prefix", episode_length=8, render_mode="ansi")
+    text.reset(seed=0)
+    assert "cache=" in text.render() and "hit=" in text.render()
+
+
 def test_slot_overflow_is_raised_not_dropped() -> None:
     """A node asked to hold more requests than its slot table raises instead of losing one."""
     env = gym.make("BurstBalance-v0", **{**GYM, "queue_capacity": 50, "slots": 4}).unwrapped

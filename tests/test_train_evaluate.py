@@ -255,6 +255,61 @@ def test_evaluate_writes_table_and_plots(trained, tmp_path):
     assert not list(out.glob(".partial-*"))
 
 
+def test_jax_ppo_trains_through_train_py_and_evaluate_judges_it(tmp_path):
+    out = tmp_path / "runs"
+    proc = run(
+        "train.py",
+        *TINY,
+        "--algo",
+        "jax-ppo",
+        "--n-envs",
+        "4",
+        "--timesteps",
+        "256",
+        "--eval-every",
+        "128",
+        "--eval-seeds",
+        "2",
+        "--checkpoint-every",
+        "128",
+        "--bc-steps",
+        "32",
+        "--out",
+        str(out),
+        "--no-progress",
+    )
+    assert proc.returncode == 0, proc.stderr
+    run_dir = out / "prefix-jax-ppo-seed0"
+    for name in ("model.msgpack", "best_model.msgpack", "checkpoints/rl_model_256_steps.msgpack"):
+        assert (run_dir / name).stat().st_size > 1000
+    config = json.loads((run_dir / "config.json").read_text())
+    assert config["algo"] == "jax-ppo" and config["timesteps"] == 256 and config["normalize"]["norm_obs"]
+    assert config["final_eval"]["eval/objective_round_robin"] > 0 and config["bc"]["samples"] == 32
+    assert list((run_dir / "tb").rglob("events.out.tfevents.*"))
+    results = tmp_path / "results"
+    proc = run(
+        "evaluate.py",
+        "--model",
+        str(run_dir / "best_model.msgpack"),
+        "--scenarios",
+        "prefix",
+        "--routers",
+        "jsq",
+        "--seeds",
+        "2",
+        "--max-seeds",
+        "2",
+        "--regime-grid",
+        "none",
+        "--out",
+        str(results),
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "| learned-jax-ppo |" in (results / "results.md").read_text()
+    bad = run("train.py", "--algo", "jax-ppo", "--resume", str(run_dir / "model.msgpack"), "--out", str(out))
+    assert bad.returncode != 0 and "jax-ppo runs start afresh" in bad.stderr
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [
@@ -300,14 +355,16 @@ def test_evaluate_refuses_bad_input(argv, message, tmp_path, capsys):
 @pytest.mark.slow
 def test_rl_zoo3_trains_from_the_same_hyperparameter_file(tmp_path):
     """`python -m rl_zoo3.train --algo ppo --env BurstBalance-v0 --gym-packages burstgym
-    --conf-file agents/hyperparams.yml -n 256` works, and its model loads as a router with its
+    --conf-file agents/hyperparams.yml -n 256` works (4 clusters of 16-request episodes through
+    rl-zoo3's --hyperparams, to keep it short), and its model loads as a router with its
     normalisation statistics."""
     pytest.importorskip("rl_zoo3", reason="rl-zoo3 is not installed (pip install -e '.[dev]')")
     from agents.learners import load_router, vecnormalize_path
 
     cmd = [sys.executable, "-m", "rl_zoo3.train", "--algo", "ppo", "--env", "BurstBalance-v0"]
     cmd += ["--gym-packages", "burstgym", "--conf-file", "agents/hyperparams.yml", "-n", "256"]
-    cmd += ["-f", str(tmp_path), "--seed", "0"]
+    cmd += ["-f", str(tmp_path), "--seed", "0", "--hyperparams", "n_envs:4"]
+    cmd += ["env_kwargs:dict(scenario='prefix', episode_length=16)"]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
     (model,) = tmp_path.glob("ppo/BurstBalance-v0_*/BurstBalance-v0.zip")

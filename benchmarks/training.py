@@ -1,0 +1,110 @@
+"""PPO training steps/s: SB3's PPO (on the JAX-fed `JaxVecEnv`) against the JAX learner
+(`agents.jax_ppo`) in one run, on the same scenario, clusters, episode length and
+hyperparameters (`agents/hyperparams.yml`), the same node-scoring policy. Each side runs one
+warm-up rollout and update first (JIT compile, reported apart), then `--rollouts` timed ones.
+
+    python benchmarks/training.py --scenario prefix --n-envs 128 --rollouts 4 --json ppo.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import platform
+import time
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+import jax  # noqa: E402
+import torch  # noqa: E402
+
+from agents.hyperparams import load, normalize_kwargs  # noqa: E402
+from agents.jax_ppo import JaxPPO, PPOConfig  # noqa: E402
+from agents.learners import make_model, normalize_env  # noqa: E402
+from agents.sb3_vec_env import JaxVecEnv  # noqa: E402
+from burstgym import scenarios  # noqa: E402
+
+
+def sb3_rate(scenario: str, n_envs: int, episode_length: int, rollouts: int, entry: dict) -> dict:
+    """SB3 PPO: seconds of one warm-up `learn` of one rollout, then steps/s of `rollouts` more."""
+    env = normalize_env(
+        JaxVecEnv(n_envs, scenario, seed=0, stagger=True, episode_length=episode_length),
+        normalize_kwargs(entry),
+    )
+    model = make_model("ppo", env, scenario, 0, None, entry=entry)
+    steps = model.n_steps * n_envs
+    start = time.perf_counter()
+    model.learn(steps)
+    warm = time.perf_counter() - start
+    start = time.perf_counter()
+    model.learn(steps * rollouts, reset_num_timesteps=False)
+    run = time.perf_counter() - start
+    env.close()
+    return {"learner": "sb3-ppo", "warmup_s": round(warm, 2), "steps": steps * rollouts, "seconds": run}
+
+
+def jax_rate(scenario: str, n_envs: int, episode_length: int, rollouts: int, entry: dict) -> dict:
+    """The JAX learner: seconds of the first update (compile and run), then steps/s of `rollouts` more."""
+    cfg, params = scenarios.make(scenario, episode_length=episode_length)
+    ppo = PPOConfig.from_entry(entry)
+    learner = JaxPPO(cfg, params, ppo, n_envs, n_envs * ppo.n_steps * (rollouts + 1))
+    start = time.perf_counter()
+    learner.setup(0)
+    learner.update()
+    warm = time.perf_counter() - start
+    start = time.perf_counter()
+    for _ in range(rollouts):
+        learner.update()
+    run = time.perf_counter() - start
+    return {
+        "learner": "jax-ppo",
+        "warmup_s": round(warm, 2),
+        "steps": n_envs * ppo.n_steps * rollouts,
+        "seconds": run,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--scenario", default="prefix")
+    ap.add_argument("--n-envs", type=int, default=128)
+    ap.add_argument("--episode-length", type=int, default=256)
+    ap.add_argument("--rollouts", type=int, default=4, help="timed rollouts (and updates) per learner")
+    ap.add_argument("--learners", nargs="+", default=["sb3-ppo", "jax-ppo"], choices=["sb3-ppo", "jax-ppo"])
+    ap.add_argument("--json", help="also write the figures to this JSON file")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    entry = load("ppo", args.scenario)
+    fns = {"sb3-ppo": sb3_rate, "jax-ppo": jax_rate}
+    rows = []
+    for name in args.learners:
+        row = fns[name](args.scenario, args.n_envs, args.episode_length, args.rollouts, entry)
+        row["steps_per_s"] = round(row["steps"] / row["seconds"], 1)
+        row["seconds"] = round(row["seconds"], 2)
+        rows.append(row)
+        print(
+            f"{name}: {row['steps_per_s']} steps/s ({row['steps']} steps in {row['seconds']} s; "
+            f"warm-up {row['warmup_s']} s)"
+        )
+    out = {
+        "scenario": args.scenario,
+        "n_envs": args.n_envs,
+        "episode_length": args.episode_length,
+        "hyperparams": dataclasses.asdict(PPOConfig.from_entry(entry)),
+        "device": jax.default_backend(),
+        "jax": jax.__version__,
+        "torch": torch.__version__,
+        "cpus": os.cpu_count(),
+        "machine": platform.machine(),
+        "load_average": os.getloadavg(),
+        "results": rows,
+    }
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
