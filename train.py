@@ -172,6 +172,7 @@ class EvalVsRoundRobin(BaseCallback):
         self.held_out = HeldOut(scenario, settings, n_seeds)
         self.every = every
         self.next_at = every
+        self.last: tuple[int, dict[str, float]] | None = None  # (timesteps, records) of the latest
 
     def _on_step(self) -> bool:
         if self.every > 0 and self.num_timesteps >= self.next_at:
@@ -180,7 +181,9 @@ class EvalVsRoundRobin(BaseCallback):
         return True
 
     def evaluate(self) -> dict[str, float]:
-        """Run the evaluation now and record it."""
+        """Run the evaluation now and record it (at most once per timestep count)."""
+        if self.last is not None and self.last[0] == self.num_timesteps:
+            return self.last[1]
         norm = self.model.get_vec_normalize_env()
         learned = {m: PolicyRouter(self.model, f"learned-{m}", m == "deterministic", norm) for m in MODES}
         out = self.held_out.run(learned)
@@ -192,6 +195,7 @@ class EvalVsRoundRobin(BaseCallback):
             self.model.save(self.best_path)
             if norm is not None:
                 norm.save(self.best_path.with_name(f"{self.best_path.stem}_vecnormalize.pkl"))
+        self.last = (self.num_timesteps, out)
         return out
 
 
@@ -441,14 +445,19 @@ def train_jax(
     next_eval, next_ckpt = args.eval_every, args.checkpoint_every
     (run_dir / "checkpoints").mkdir(exist_ok=True)
 
+    last: list[tuple[int, dict[str, float]]] = []
+
     def evaluate() -> dict[str, float]:
         nonlocal best_cost
+        if last and last[-1][0] == learner.num_timesteps:  # evaluated at this step already
+            return last[-1][1]
         out = held_out.run({m: learner.router(f"learned-{m}", m == "deterministic") for m in MODES})
         for k, v in out.items():
             writer.add_scalar(k, v, learner.num_timesteps)
         if out["eval/objective_learned_deterministic"] < best_cost:
             best_cost = out["eval/objective_learned_deterministic"]
             learner.save(best)
+        last.append((learner.num_timesteps, out))
         return out
 
     train_start, compile_s, update_s = time.time(), 0.0, 0.0
