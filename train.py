@@ -265,6 +265,8 @@ def train(args: argparse.Namespace) -> int:
     """Train as `args` say; returns the exit status."""
     old_config: dict[str, Any] = {}
     old_run = None
+    if args.resume and args.algo in JAX_ALGOS:
+        raise ValueError("--resume continues SB3 checkpoints; jax-ppo runs start afresh")
     if args.resume:
         if not Path(args.resume).is_file():
             raise FileNotFoundError(f"checkpoint {args.resume!r} does not exist")
@@ -273,6 +275,8 @@ def train(args: argparse.Namespace) -> int:
             old_config = json.loads((old_run / "config.json").read_text())
     algo = args.algo or old_config.get("algo", "ppo")
     check_algo(algo)
+    if algo in JAX_ALGOS and args.resume:
+        raise ValueError("--resume continues SB3 checkpoints; jax-ppo runs start afresh")
     device = check_device(args.device)
     if args.bc_teacher not in ("none", *ROUTERS):
         valid = ", ".join(ROUTERS)
@@ -306,8 +310,6 @@ def train(args: argparse.Namespace) -> int:
         stats = vecnormalize_path(args.resume)
         if stats is None and (old_config.get("normalize") if old_config else norm_kwargs):
             raise FileNotFoundError(f"checkpoint {args.resume!r} has no normalisation statistics beside it")
-    if algo in JAX_ALGOS and args.resume:
-        raise ValueError("--resume continues SB3 checkpoints; jax-ppo runs start afresh")
     torch.set_num_threads(args.torch_threads)
     out = Path(args.out)
     if old_run is not None:

@@ -112,7 +112,7 @@ def test_regime_matrix_leaves_cells_with_ci_including_zero_uncoloured():
     assert np.isnan(z[0, 0]) and z[0, 1] == 2.0 and z[1, 0] == -9.0 and np.isnan(z[1, 1])
 
 
-def test_regime_map_compares_affinity_routers_only_where_prefixes_are_shared():
+def test_regime_map_compares_affinity_routers_only_where_prefixes_are_shared(tmp_path):
     grid = {
         "arrivals": ("bursts x8",),
         "prefix": ("none", "heavy"),
@@ -127,6 +127,8 @@ def test_regime_map_compares_affinity_routers_only_where_prefixes_are_shared():
     assert "objective[llm-d]" in df.columns and np.isnan(none["objective[llm-d]"])
     cost = {f: heavy[f"objective[{heavy[f'best_{f}']}]"] for f in ("batching", "affinity")}
     assert heavy["mechanism"] == min(cost, key=cost.get)
+    evaluate.plot_regime(tmp_path / "regime_map.png", df)
+    assert (tmp_path / "regime_map.png").stat().st_size > 1000
 
 
 class _FakeRollout:
