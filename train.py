@@ -199,6 +199,16 @@ class EvalVsRoundRobin(BaseCallback):
         return out
 
 
+def print_held_out(records: dict[str, float]) -> None:
+    """Print the final held-out evaluation (`HeldOut.run` records), one line per mode."""
+    for mode in MODES if records else ():
+        print(
+            f"held-out evaluation ({mode}): objective {records[f'eval/objective_learned_{mode}']:.1f} vs "
+            f"round-robin {records['eval/objective_round_robin']:.1f} "
+            f"({records[f'eval/change_vs_round_robin_pct_{mode}']:+.2f}%)"
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument(
@@ -396,14 +406,7 @@ def train(args: argparse.Namespace) -> int:
         f"saved {run_dir / 'model.zip'} after {model.num_timesteps} steps in {seconds:.0f} s "
         f"({config['steps_per_second']} steps/s)"
     )
-    if final_eval:
-        e = final_eval
-        for mode in MODES:
-            print(
-                f"held-out evaluation ({mode}): objective {e[f'eval/objective_learned_{mode}']:.1f} vs "
-                f"round-robin {e['eval/objective_round_robin']:.1f} "
-                f"({e[f'eval/change_vs_round_robin_pct_{mode}']:+.2f}%)"
-            )
+    print_held_out(final_eval)
     return 0
 
 
@@ -517,13 +520,7 @@ def train_jax(
         f"saved {run_dir / 'model.msgpack'} after {learner.num_timesteps} steps in {seconds:.0f} s "
         f"({config['steps_per_second']} steps/s; after compiling, {config['steps_per_second_compiled']})"
     )
-    for mode in MODES if final_eval else ():
-        e = final_eval
-        print(
-            f"held-out evaluation ({mode}): objective {e[f'eval/objective_learned_{mode}']:.1f} vs "
-            f"round-robin {e['eval/objective_round_robin']:.1f} "
-            f"({e[f'eval/change_vs_round_robin_pct_{mode}']:+.2f}%)"
-        )
+    print_held_out(final_eval)
     return 0
 
 

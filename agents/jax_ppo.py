@@ -24,9 +24,8 @@ rl-zoo3 hyperparameter file (`agents/hyperparams.yml`):
 - a behaviour-cloning warm start of actor and critic on a heuristic's rollouts (its JAX twin,
   `agents.jax_routers`), as `agents.learners.behaviour_clone`.
 
-On CPU the clusters' core steps run one after another (`lax.map`): a vmapped step runs its event
-loop as long as the busiest cluster needs (docs/performance.md); the network is vmapped over all
-clusters. On an accelerator every cluster is vmapped.
+The clusters step as the vector env steps them (`burstgym.gym_env.batched_step_fn`: one after
+another on CPU, vmapped on an accelerator); the network is vmapped over all clusters.
 
 A checkpoint (`.msgpack`) holds the network parameters and the observation statistics;
 `JaxPolicyRouter.load` makes it a router with the heuristics' interface, which evaluate.py judges.
@@ -51,7 +50,7 @@ from flax.training.train_state import TrainState
 
 from burstgym import cluster
 from burstgym.env import BurstBalance
-from burstgym.gym_env import check_error
+from burstgym.gym_env import batched_step_fn, check_error
 from burstgym.observation import GLOBAL_FEATURES, NODE_FEATURES, action_mask
 from burstgym.types import EnvConfig, EnvParams
 
@@ -264,19 +263,6 @@ def gae(
     return adv, adv + values
 
 
-def _env_step(core: BurstBalance, params: EnvParams, auto_reset: bool) -> Callable:
-    """(states [B], actions [B]) -> the core's step of every cluster: one cluster at a time on CPU,
-    vmapped elsewhere."""
-    one = core.step if auto_reset else core.step_env
-
-    def step(states, actions):
-        if jax.default_backend() == "cpu":
-            return jax.lax.map(lambda sa: one(sa[0], sa[1], params), (states, actions))
-        return jax.vmap(one, in_axes=(0, 0, None))(states, actions, params)
-
-    return step
-
-
 def _categorical(key: jax.Array, logits: jax.Array) -> tuple[jax.Array, jax.Array]:
     """A sampled action per row and its log-probability."""
     action = jax.random.categorical(key, logits).astype(jnp.int32)
@@ -389,7 +375,7 @@ class JaxPPO:
         return {k: float(v) for k, v in logs.items()}
 
     def _rollout(self, ts: TrainState, stats: ObsStats, runner: Runner, env_params: EnvParams):
-        step = _env_step(self.core, env_params, auto_reset=True)
+        step = functools.partial(batched_step_fn(self.core), params=env_params)
         p, cut = self.ppo, self.cfg.end == "cut"
 
         def body(r: Runner, _):
@@ -509,7 +495,7 @@ class JaxPPO:
         gamma, cut = self.ppo.gamma, self.cfg.end == "cut"
 
         def collect(runner: Runner, env_params: EnvParams):
-            step = _env_step(self.core, env_params, auto_reset=True)
+            step = functools.partial(batched_step_fn(self.core), params=env_params)
             r0 = jax.vmap(lambda s: teacher.init(n, s, s))(jnp.zeros(self.n_envs, jnp.uint32))
 
             def body(carry, _):

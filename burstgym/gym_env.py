@@ -57,14 +57,15 @@ def compiled(cfg: EnvConfig) -> tuple[BurstBalance, dict[str, Any]]:
         "view": jax.jit(core.view),
         "batched_reset": jax.jit(core.batched_reset),
         "batched_mask": jax.jit(jax.vmap(core.action_mask, in_axes=(0, None))),
-        "batched_step": jax.jit(_batched_step(core), donate_argnums=(0,)),
+        "batched_step": jax.jit(batched_step_fn(core), donate_argnums=(0,)),
         "batched_view": jax.jit(batched_view),
     }
     return core, fns
 
 
-def _batched_step(core: BurstBalance):
-    """The vector env's step with auto-reset: on CPU the clusters one after another in one call
+def batched_step_fn(core: BurstBalance):
+    """(states, actions, params) -> the step with auto-reset of a batch of clusters (the vector env's,
+    the JAX learner's): on CPU the clusters one after another in one call
     (`lax.map` over `core.step`), since a vmapped step runs every cluster's event loop for as long
     as the busiest cluster needs (2.8x fewer decisions/s on 128 `prefix` clusters,
     docs/performance.md); elsewhere vmapped (`core.batched_step`). The infos agree where a
