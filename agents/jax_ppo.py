@@ -48,6 +48,7 @@ import numpy as np
 import optax
 from flax.training.train_state import TrainState
 
+from agents.jax_routers import RouterState
 from burstgym import cluster
 from burstgym.env import BurstBalance
 from burstgym.gym_env import batched_step_fn, check_error
@@ -612,11 +613,21 @@ def save_checkpoint(path: str | Path, params: Any, stats: ObsStats | None, hidde
 
 
 class JaxPolicyRouter:
-    """A jax-ppo policy as a router with the heuristics' interface (`agents.learners.PolicyRouter`'s):
-    argmax of the logits (default) or sampled from them, on observations normalised with the
-    statistics saved with the policy."""
+    """A node-scoring policy (a jax-ppo checkpoint, or an SB3 `NodeScoringPolicy` converted by
+    `agents.learners.PolicyRouter.jax_router`) as a router: argmax of the logits (default) or
+    sampled from them, on observations normalised with the statistics saved with the policy.
+
+    Two faces: the heuristics' interface (`__call__` on a batch of observations, as
+    `agents.learners.PolicyRouter`), and the JAX rollout engine's (`burstgym.rollout`: `init`,
+    `act` on one cluster's observation, `weights`), so evaluate.py runs it inside the jitted episode
+    with the other routers. It hashes and compares by its structure (nodes, width, statistics or
+    none, argmax or sampled), not its weights, which the engine takes as an argument: routers of
+    one shape share a compiled episode. Sampled actions draw from each episode's key in the engine
+    (`fold_in(key(seed), episode seed)`), from one key per call here: same distribution, other draws.
+    """
 
     balancing = False
+    observes = True  # burstgym.rollout passes the observation and `weights()` to `act`
 
     def __init__(
         self,
@@ -677,6 +688,46 @@ class JaxPolicyRouter:
         x = obs if stats is None else stats.normalize(obs, self.n_nodes)
         logits, _ = self.net.apply(params, x)
         return jnp.where(deterministic, jnp.argmax(logits, axis=-1), jax.random.categorical(key, logits))
+
+    def _structure(self) -> tuple[Any, ...]:
+        return (JaxPolicyRouter, self.n_nodes, self.hidden, self.stats is None, bool(self.deterministic))
+
+    def __hash__(self) -> int:
+        return hash(self._structure())
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, JaxPolicyRouter) and self._structure() == other._structure()
+
+    def weights(self) -> tuple[Any, ObsStats | None]:
+        """The arrays `act` reads: network parameters and observation statistics."""
+        return self.params, self.stats
+
+    def init(self, n_nodes: int, seed: Any = None, stream: Any = 0) -> RouterState:
+        """A fresh episode's state (`agents.jax_routers.RouterState`, as every JAX router's)."""
+        seed = self.seed if seed is None else seed
+        key = jax.random.key(jnp.asarray(seed, jnp.uint32))
+        key = jax.random.fold_in(key, jnp.asarray(stream, jnp.uint32))
+        return RouterState(jnp.int32(0), jax.random.key_data(key), jnp.zeros(n_nodes, jnp.int32))
+
+    def act(
+        self, state: RouterState, view: Any, mask: jax.Array, obs: jax.Array, weights: tuple[Any, Any]
+    ) -> tuple[jax.Array, RouterState]:
+        """The node for one cluster's observation `obs` [D] under `weights` (`mask` and `view` are
+        not used, as in `__call__`)."""
+        params, stats = weights
+        x = obs if stats is None else stats.normalize(obs, self.n_nodes)
+        logits, _ = self.net.apply(params, x)
+        if self.deterministic:
+            action = jnp.argmax(logits)
+        else:
+            key, sub = jax.random.split(jax.random.wrap_key_data(state.key))
+            action = jax.random.categorical(sub, logits)
+            state = state._replace(key=jax.random.key_data(key))
+        return action.astype(jnp.int32), state._replace(counter=state.counter + 1)
+
+    def jax_router(self) -> JaxPolicyRouter:
+        """Itself: it already runs in the JAX rollout engine (`agents.jax_routers.twin`)."""
+        return self
 
     def reset(self, n_envs: int) -> None:
         """Restart the sampling key, so that a sampled episode is reproducible."""

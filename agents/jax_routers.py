@@ -467,7 +467,11 @@ def make_jax_router(name: str, seed: int = 0, **params: Any) -> JaxRouter:
 
 def twin(router: Any) -> JaxRouter | None:
     """The JAX twin of a NumPy router instance (its name, seed and parameters), or None when its
-    class has none (the learned PolicyRouter, or a subclass that may change the rule)."""
+    class has none (a subclass that may change the rule, a custom router). A router with a
+    `jax_router()` method (the learned policies, `agents.jax_ppo.JaxPolicyRouter`) gives its own,
+    or None when it cannot be converted."""
+    if callable(getattr(router, "jax_router", None)):
+        return router.jax_router()
     cls = _BY_CLASS.get(type(router))
     if cls is None:
         return None

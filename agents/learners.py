@@ -219,6 +219,53 @@ class PolicyRouter:
             obs = np.clip(scaled, -self.clip_obs, self.clip_obs).astype(np.float32)
         return obs
 
+    def jax_router(self) -> Any:
+        """The policy as an `agents.jax_ppo.JaxPolicyRouter` (the current weights and statistics,
+        copied), so that it runs in the JAX rollout engine; None for what that network does not
+        express: a policy other than `NodeScoringPolicy` (MlpPolicy, DQN, the masked policy), or
+        statistics other than the node-pooled ones with VecNormalize's default epsilon and clip.
+        The network is the same function; torch and XLA round differently, so its logits agree
+        to float32 rounding (tests/test_jax_rollout.py), not bit for bit."""
+        from agents import jax_ppo
+        from agents.policies import NodeScorer
+
+        policy = self.model.policy
+        extractor = getattr(policy, "mlp_extractor", None)
+        if self.masked or not isinstance(extractor, NodeScorer):
+            return None
+        stats = None
+        if self.obs_rms is not None:
+            rms = self.obs_rms
+            if not isinstance(rms, NodePooledRunningMeanStd) or (self.epsilon, self.clip_obs) != (
+                jax_ppo.NORM_EPS,
+                jax_ppo.CLIP_OBS,
+            ):
+                return None
+            moments = [
+                jax_ppo.Moments(*(np.float32(x) for x in (m.mean, m.var, m.count)))
+                for m in (rms.node, rms.glob)
+            ]
+            stats = jax_ppo.ObsStats(*moments)
+
+        def dense(layer: torch.nn.Linear) -> dict[str, np.ndarray]:
+            w = layer.weight.detach().cpu().numpy().astype(np.float32)
+            return {"kernel": w.T.copy(), "bias": layer.bias.detach().cpu().numpy().astype(np.float32)}
+
+        score, value = extractor.score, extractor.value
+        params = {
+            "params": {
+                "score_0": dense(score[0]),
+                "score_1": dense(score[2]),
+                "score_out": dense(score[4]),
+                "value_0": dense(value[0]),
+                "value_1": dense(value[2]),
+                "value_out": dense(policy.value_net),
+            }
+        }
+        hidden = int(score[0].out_features)
+        n_nodes = extractor.n_nodes
+        return jax_ppo.JaxPolicyRouter(params, stats, n_nodes, hidden, self.name, self.deterministic)
+
     def __call__(self, obs: np.ndarray, mask: np.ndarray | None = None, view: Any = None) -> np.ndarray:
         """Actions for a batch of observations (`view`, the heuristics' input, is not used)."""
         kwargs = {"action_masks": mask} if self.masked and mask is not None else {}

@@ -8,9 +8,10 @@ configurations that differ only in their workload (load, arrival process), becau
 reads the workload; each such configuration only compiles its own (small) reset.
 
 Two engines run the episodes. Routers with a JAX twin (`agents.jax_routers.twin`: every heuristic
-and production router) run in `burstgym.rollout`, whole episodes in one jitted scan; the others
-(the learned `PolicyRouter`, any custom router) are stepped here one arrival at a time, the router
-called in Python on each step's observations. Both paths step the clusters with per-cluster
+and production router, and the learned node-scoring policies of both learners) run in
+`burstgym.rollout`, whole episodes in one jitted scan; the others (an SB3 policy the JAX network
+does not express, any custom router) are stepped here one arrival at a time, the router called in
+Python on each step's observations. Both paths step the clusters with per-cluster
 parameters (`burstgym.rollout.step_clusters`), so a deterministic router gets bit-identical
 episodes from either (tests/test_jax_rollout.py); `random`, `power-of-two` and `llm-d` draw from
 JAX's PRNG in the JAX engine, from NumPy's generator here. `run(..., engine="numpy")` steps every

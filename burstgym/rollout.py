@@ -10,8 +10,14 @@ then the episode metrics. A router is any hashable object with
     act(state, view, mask) -> (action, state)
 
 over one cluster's `RouterView` ([N] fields) and action mask; `agents.jax_routers` has one for
-every heuristic and production router. Several routers in one call share the scan (a
-`lax.switch` on each cluster's router index), so their states must have one structure.
+every heuristic and production router. A router whose `observes` attribute is true (a learned
+policy: `agents.jax_ppo.JaxPolicyRouter`) is called `act(state, view, mask, obs, weights)` with the
+cluster's observation vector (`burstgym.observation.observe`, as the environment returns it) and
+the pytree its `weights()` returns. Weights are an argument of the compiled episode, not constants
+in it: a router hashes by its structure, so policies of one shape share one compilation whatever
+their weights (a training run's held-out evaluations compile once). Several routers in one call
+share the scan (a `lax.switch` on each cluster's router index), so their states must have one
+structure.
 
 Two jitted calls, compiled ahead of time so compile time is reported apart from run time: the
 reset (compiled per configuration) and the episode (reset state in, final state out), which is
@@ -48,7 +54,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from burstgym.env import BurstBalance
 from burstgym.gym_env import check_error
-from burstgym.observation import action_mask
+from burstgym.observation import action_mask, observe
 from burstgym.types import EnvConfig, EnvParams, State
 
 AXIS = "clusters"
@@ -144,8 +150,8 @@ def chunk_size(n_clusters: int, target: int) -> int:
 
 
 def _episode_fn(cfg: EnvConfig, routers: tuple[Any, ...], chunk: int | None):
-    """(states, router index, router seeds, streams, params) -> outputs, for one shard of clusters
-    (params per cluster), `chunk` clusters vmapped at a time (None: all)."""
+    """(states, router index, router seeds, streams, params, router weights) -> outputs, for one
+    shard of clusters (params per cluster), `chunk` clusters vmapped at a time (None: all)."""
     core = BurstBalance(cfg)
     n, e = cfg.n_nodes, cfg.episode_length
 
@@ -153,19 +159,29 @@ def _episode_fn(cfg: EnvConfig, routers: tuple[Any, ...], chunk: int | None):
         return fns[0](*args) if len(fns) == 1 else jax.lax.switch(idx, fns, *args)
 
     inits = [functools.partial(r.init, n) for r in routers]
-    acts = [r.act for r in routers]
+    observers = [bool(getattr(r, "observes", False)) for r in routers]
 
-    def run(states, ridx, rseed, stream, params):
+    def run(states, ridx, rseed, stream, params, weights):
         rstates = jax.vmap(lambda i, s, t: choose(inits, i, s, t))(ridx, rseed, stream)
         c = ridx.shape[0]
         view_of = jax.vmap(core.view)
+        obs_of = jax.vmap(lambda v, p: observe(v, p, cfg))
+
+        def act_fn(i: int):
+            r, w = routers[i], weights[i]
+            if observers[i]:
+                return lambda s, v, m, o: r.act(s, v, m, o, w)
+            return lambda s, v, m, o: r.act(s, v, m)
+
+        acts = [act_fn(i) for i in range(len(routers))]
 
         def body(carry, k):
             states, rstates, first_k, first_bits = carry
             views = view_of(states, params)
             masks = jax.vmap(action_mask)(views)
-            pick = jax.vmap(lambda i, s, v, m: choose(acts, i, s, v, m))
-            actions, rstates = pick(ridx, rstates, views, masks)
+            obs = obs_of(views, params) if any(observers) else jnp.zeros((c, 0), jnp.float32)
+            pick = jax.vmap(lambda i, s, v, m, o: choose(acts, i, s, v, m, o))
+            actions, rstates = pick(ridx, rstates, views, masks, obs)
             _, states, reward, _, info = step_clusters(core, states, actions, params)
             err = info["error"]
             new = (err != 0) & (first_k == e)
@@ -177,15 +193,15 @@ def _episode_fn(cfg: EnvConfig, routers: tuple[Any, ...], chunk: int | None):
         (states, _, first_k, first_bits), rewards = jax.lax.scan(body, init, jnp.arange(e, dtype=jnp.int32))
         return states, rewards.T, first_k, first_bits
 
-    def chunked(states, ridx, rseed, stream, params):
+    def chunked(states, ridx, rseed, stream, params, weights):
         c = ridx.shape[0]
         k = c if chunk is None else chunk_size(c, chunk)
         args = (states, ridx, rseed, stream, params)
         if k == c:
-            out = run(*args)
+            out = run(*args, weights)
         else:
             split = jax.tree.map(lambda x: x.reshape((c // k, k) + x.shape[1:]), args)
-            out = jax.lax.map(lambda a: run(*a), split)
+            out = jax.lax.map(lambda a: run(*a, weights), split)
             out = jax.tree.map(lambda x: x.reshape((c,) + x.shape[2:]), out)
         states, rewards, first_k, first_bits = out
         metrics = jax.vmap(core.metrics)(states, params)
@@ -215,9 +231,18 @@ def _reset_fn(cfg: EnvConfig):
     return reset
 
 
-def _compiled(cache: dict, key: Any, build, args: tuple, mesh: Mesh | None, donate: tuple[int, ...] = ()):
+def _compiled(
+    cache: dict,
+    key: Any,
+    build,
+    args: tuple,
+    mesh: Mesh | None,
+    donate: tuple[int, ...] = (),
+    replicated: int = 0,
+):
     """The AOT-compiled `build()` for `args` (cached by key, shapes and mesh), and the seconds spent
-    compiling it now (0 when cached). Every argument leads with the cluster axis."""
+    compiling it now (0 when cached). Every argument leads with the cluster axis but the last
+    `replicated` ones, which every device gets whole (router weights)."""
     shapes = jax.tree.map(lambda x: (x.shape, x.dtype), args)
     full = (key, str(shapes), None if mesh is None else tuple(d.id for d in mesh.devices.flat))
     if full in cache:
@@ -226,9 +251,10 @@ def _compiled(cache: dict, key: Any, build, args: tuple, mesh: Mesh | None, dona
     fn = build()
     if mesh is not None:
         spec = PartitionSpec(AXIS)
-        fn = _smap(fn, mesh, tuple(spec for _ in args), spec)
+        specs = tuple(spec if i < len(args) - replicated else PartitionSpec() for i in range(len(args)))
+        fn = _smap(fn, mesh, specs, spec)
         shard = NamedSharding(mesh, spec)
-        shardings = tuple(shard for _ in args)
+        shardings = tuple(NamedSharding(mesh, s) for s in specs)
         jitted = jax.jit(fn, in_shardings=shardings, out_shardings=shard, donate_argnums=donate)
     else:
         jitted = jax.jit(fn, donate_argnums=donate)
@@ -286,10 +312,17 @@ def rollout(
     run_s = time.perf_counter() - start
 
     shared = dataclasses.replace(cfg, workload=None)
-    args = (states, ridx, rseed, seed_arr, params)
+    weights = tuple(r.weights() if getattr(r, "observes", False) else () for r in routers)
+    args = (states, ridx, rseed, seed_arr, params, weights)
     donate = (0,) if jax.default_backend() != "cpu" else ()
     episode, t_episode = _compiled(
-        _EPISODE, (shared, routers, chunk), lambda: _episode_fn(cfg, routers, chunk), args, mesh, donate
+        _EPISODE,
+        (shared, routers, chunk),
+        lambda: _episode_fn(cfg, routers, chunk),
+        args,
+        mesh,
+        donate,
+        replicated=1,
     )
     start = time.perf_counter()
     out = episode(*args)

@@ -346,3 +346,84 @@ def test_sharded_rollout_equals_unsharded_on_two_devices():
     )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "sharded ok" in out.stdout
+
+
+# ------------------------------------------------------------------------- learned routers
+
+
+@pytest.fixture(scope="module")
+def sb3_policy():
+    """A PPO NodeScoringPolicy (SB3's initialisation, its actor head scaled up so that its logits
+    are far from uniform: argmax decided by the network, not by rounding) with node-pooled
+    observation statistics fitted to random observations."""
+    import gymnasium as gym
+    import torch
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    import burstgym  # noqa: F401  (registers BurstBalance-v0)
+    from agents.learners import NodeVecNormalize, PolicyRouter, make_model
+
+    env = NodeVecNormalize(
+        DummyVecEnv([lambda: gym.make("BurstBalance-v0", scenario="prefix", episode_length=48)]),
+        norm_reward=False,
+    )
+    model = make_model("ppo", env, "prefix", seed=0, tensorboard_log=None, overrides={"n_steps": 16})
+    dim = env.observation_space.shape[0]
+    env.obs_rms.update(np.random.default_rng(5).gamma(2.0, 0.3, (256, dim)))
+    with torch.no_grad():
+        model.policy.actor_head.weight.mul_(300.0)
+    yield model, env, PolicyRouter(model, normalize=env)
+    env.close()
+
+
+def test_sb3_policy_converts_to_the_same_network_in_jax(sb3_policy):
+    import torch
+
+    from agents.learners import PolicyRouter, make_model
+
+    model, env, router = sb3_policy
+    jr = router.jax_router()
+    assert jr is not None and jr.name == router.name and jr.n_nodes == N
+    raw = np.random.default_rng(0).gamma(2.0, 0.3, (64, env.observation_space.shape[0])).astype(np.float32)
+    with torch.no_grad():
+        theirs = model.policy.mlp_extractor.forward_actor(torch.as_tensor(router.observe(raw))).numpy()
+    params, stats = jr.weights()
+    ours, _ = jr.net.apply(params, stats.normalize(jnp.asarray(raw), N))
+    np.testing.assert_allclose(np.asarray(ours), theirs, rtol=1e-4, atol=1e-4)
+    assert np.ptp(theirs, axis=1).min() > 1e-2  # the scaled head: well-separated logits
+    np.testing.assert_array_equal(jr(raw), router(raw))
+    head = model.policy.actor_head.bias
+    with torch.no_grad():  # a copy of the current weights, not a view of the torch tensors
+        head.add_(1.0)
+        moved = router.jax_router().weights()[0]["params"]["score_out"]["bias"]
+        head.sub_(1.0)
+    assert not np.allclose(moved, params["params"]["score_out"]["bias"])
+    mlp = make_model(
+        "ppo", env, "prefix", seed=0, tensorboard_log=None, overrides={"n_steps": 16, "policy": "MlpPolicy"}
+    )
+    assert PolicyRouter(mlp, normalize=env).jax_router() is None  # stays step by step
+
+
+def test_learned_policy_in_the_jax_engine_equals_its_step_by_step_episodes(sb3_policy):
+    from agents import jax_ppo
+    from burstgym import rollout as jax_rollout
+
+    rollout = Rollout("prefix", episode_length=48)  # the step-by-step test's configuration
+    seeds = [0, 1]
+    jr = sb3_policy[2].jax_router()
+    sampled = jax_ppo.JaxPolicyRouter(*jr.weights(), N, jr.hidden, "sampled", deterministic=False)
+    rr = make_router("round-robin", N)
+    fast = rollout.run([jr, sampled, rr], seeds)
+    slow = rollout.run([jr, rr], seeds, engine="numpy")
+    _assert_same(fast["learned"], slow["learned"])
+    _assert_same(fast["round-robin"], slow["round-robin"])
+    assert not np.array_equal(fast["learned"].e2e, fast["round-robin"].e2e, equal_nan=True)
+    assert not np.array_equal(fast["learned"].e2e, fast["sampled"].e2e, equal_nan=True)
+    # Weights are an argument of the compiled episode: other weights, no new compilation, other
+    # episodes.
+    params, stats = jr.weights()
+    other = jax_ppo.JaxPolicyRouter(jax.tree.map(lambda x: -x, params), stats, N, jr.hidden)
+    assert other == jr and hash(other) == hash(jr)
+    again = jax_rollout.rollout(rollout.cfg, rollout.params, [other, sampled, twin(rr)], seeds)
+    assert again.compile_s == 0.0
+    assert not np.array_equal(again.e2e[:2], fast["learned"].e2e, equal_nan=True)
