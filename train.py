@@ -58,6 +58,7 @@ from agents.rollout import Rollout  # noqa: E402
 from agents.routers import ROUTERS, make_router  # noqa: E402
 from agents.sb3_vec_env import JaxVecEnv  # noqa: E402
 from burstgym import scenarios  # noqa: E402
+from burstgym.types import EnvConfig  # noqa: E402
 
 SERVING_TAGS = (
     "ttft_mean",
@@ -209,6 +210,14 @@ def print_held_out(records: dict[str, float]) -> None:
         )
 
 
+def default_teacher(cfg: EnvConfig) -> str:
+    """The warm start's teacher for `--bc-teacher auto`: SGLang's cache-aware rule where the nodes
+    cache shared prefixes (it trades cache affinity against load), JSQ elsewhere (where the
+    SGLang rule, finding no prefix match, sends requests to the node with the smallest cache,
+    which ignores load). docs/agents.md has the measurement behind it."""
+    return "sglang-cache-aware" if cfg.prefix_caching else "jsq"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument(
@@ -232,7 +241,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--eval-every", type=int, default=32_768, help="timesteps between evaluations (0: none)")
     p.add_argument("--eval-seeds", type=int, default=8)
     p.add_argument("--checkpoint-every", type=int, default=32_768, help="timesteps between checkpoints")
-    p.add_argument("--bc-teacher", default="jsq", help="heuristic the actor imitates first ('none': off)")
+    p.add_argument(
+        "--bc-teacher",
+        default="auto",
+        help="router the actor imitates first ('none': off; 'auto': sglang-cache-aware where the "
+        "scenario caches shared prefixes, else jsq)",
+    )
     p.add_argument("--bc-steps", type=int, default=16_384, help="environment steps of imitation data")
     p.add_argument("--no-stagger", action="store_true", help="all clusters' first episodes of full length")
     p.add_argument("--resume", default=None, help="checkpoint .zip to continue training from")
@@ -288,9 +302,9 @@ def train(args: argparse.Namespace) -> int:
     if algo in JAX_ALGOS and args.resume:
         raise ValueError("--resume continues SB3 checkpoints; jax-ppo runs start afresh")
     device = check_device(args.device)
-    if args.bc_teacher not in ("none", *ROUTERS):
+    if args.bc_teacher not in ("none", "auto", *ROUTERS):
         valid = ", ".join(ROUTERS)
-        raise ValueError(f"unknown router {args.bc_teacher!r} for --bc-teacher; valid: none, {valid}")
+        raise ValueError(f"unknown router {args.bc_teacher!r} for --bc-teacher; valid: none, auto, {valid}")
     if args.bc_teacher != "none" and algo == "dqn" and not args.resume:
         raise ValueError(
             "--bc-teacher needs an actor-critic algorithm (ppo, a2c, maskable-ppo); use --bc-teacher none"
@@ -313,7 +327,9 @@ def train(args: argparse.Namespace) -> int:
     n_envs = args.n_envs or int(old_config.get("n_envs") or entry.get("n_envs", 128))
     if timesteps < 1 or n_envs < 1:
         raise ValueError("--timesteps and --n-envs must be positive")
-    scenarios.make(scenario, **settings)  # refuse bad settings before anything is written
+    cfg, _ = scenarios.make(scenario, **settings)  # refuse bad settings before anything is written
+    if args.bc_teacher == "auto":
+        args.bc_teacher = default_teacher(cfg)
     norm_kwargs = normalize_kwargs(entry)
     stats = None
     if args.resume:

@@ -371,3 +371,16 @@ def test_rl_zoo3_trains_from_the_same_hyperparameter_file(tmp_path):
     assert type(router.model.policy).__name__ == "NodeScoringPolicy"
     obs = np.zeros((2, router.model.observation_space.shape[0]), dtype=np.float32)
     assert router(obs).shape == (2,)
+
+
+def test_default_teacher_is_cache_aware_only_where_prefixes_are_cached():
+    from burstgym import scenarios
+
+    train = load_script("train")
+    for name, teacher in (
+        ("prefix", "sglang-cache-aware"),
+        ("conversation", "sglang-cache-aware"),
+        ("bursty", "jsq"),
+    ):
+        cfg, _ = scenarios.make(name, episode_length=16)
+        assert train.default_teacher(cfg) == teacher, name
