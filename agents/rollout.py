@@ -70,7 +70,7 @@ def _shared_fns(cfg: EnvConfig):
     if key not in _SHARED:
         core = BurstBalance(cfg)
         _SHARED[key] = (
-            jax.jit(functools.partial(step_clusters, core)),
+            jax.jit(functools.partial(step_clusters, core, one_at_a_time=jax.default_backend() == "cpu")),
             jax.jit(jax.vmap(core.metrics)),
             jax.jit(jax.vmap(core.view)),
         )

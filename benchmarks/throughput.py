@@ -170,7 +170,7 @@ def profile_step(
 
     def loop(s, a, passes):  # the event loop of cluster.advance, counted, or `passes` passes of it
         r, until = routed(s, a)
-        geo = cluster.geometry(r.slots, s.requests, params, cfg)
+        geo = cluster.geometry(r.slots, s.requests, s.cache, cfg)
         z = jnp.zeros(n)
 
         def due(k):
@@ -197,7 +197,7 @@ def profile_step(
         ("    route (admission to the slot table)", lambda s, a: routed(s, a)[0]),
         (
             "    route + prefix geometry of the slots",
-            lambda s, a: cluster.geometry(routed(s, a)[0].slots, s.requests, params, cfg),
+            lambda s, a: cluster.geometry(routed(s, a)[0].slots, s.requests, s.cache, cfg),
         ),
         ("    route + geometry + one event-loop pass", lambda s, a: loop(s, a, 1)),
         ("router view (cache hits, signals)", lambda s, a: core.view(s, params)),

@@ -82,20 +82,17 @@ def node_configs(nodes: NodeParams) -> scheduler.NodeConfig:
 
 
 class Geometry(NamedTuple):
-    """Prefix chunks of the requests in the slots and of every chunk id (fixed during a step)."""
+    """Prefix chunks of the requests in the slots (fixed during a step)."""
 
     chunks: Chunks  # [N, S, B] each
-    blocks_u: jax.Array  # [N, U] int32 KV blocks of each chunk id on each node
 
 
-def geometry(slots: Slots, requests: Requests, params: EnvParams, cfg: EnvConfig) -> Geometry | None:
+def geometry(slots: Slots, requests: Requests, cache: PrefixCache, cfg: EnvConfig) -> Geometry | None:
     """The prefix geometry of the current slots (None without prefix caching)."""
     if not cfg.prefix_caching:
         return None
-    bs = params.nodes.block_size
-    chunks = jax.vmap(pc.slot_chunks, in_axes=(None, 0, None, 0))(requests, slots.req, cfg.chunk_tokens, bs)
-    blocks_u = jax.vmap(pc.chunk_blocks, in_axes=(None, 0))(requests, bs)
-    return Geometry(chunks, blocks_u)
+    per_node = jax.vmap(pc.slot_chunks, in_axes=(None, 0, None, 0))
+    return Geometry(per_node(requests, slots.req, cfg.chunk_tokens, cache))
 
 
 def _start_time(slots: Slots, nodes: NodeState, params: EnvParams, cfg: EnvConfig) -> jax.Array:
@@ -172,8 +169,9 @@ def _handle_events(
     )
     done = res.finished & ending[:, None]
     if geo is not None:
-        released, pinned = jax.vmap(scheduler.release_finished)(cache, res.slots, done, geo.chunks)
-        cache = tree_where(ending, released, cache)
+        # Only the ending nodes' pairs are released, so the other nodes' caches come back unchanged
+        # (no select over the [N, U] tables).
+        cache, pinned = jax.vmap(scheduler.release_finished)(cache, res.slots, done, geo.chunks)
         res = res._replace(slots=pinned)
     slots = tree_where(ending, res.slots, slots)
     batch_over = ending & ~(slots.status == RUNNING).any(axis=1)
@@ -192,11 +190,14 @@ def _handle_events(
     start_ok = active & (phase == IDLE) & (_start_time(slots, nodes, params, cfg) <= tau)
     if cfg.scheduler == "continuous":
         if geo is None:
-            plan = jax.vmap(lambda s, n, k: scheduler.plan_continuous(s, n, k, None, None))(
+            plan = jax.vmap(lambda s, n, k: scheduler.plan_continuous(s, n, k, None))(
                 slots, ncfg, cache
             )
         else:
-            plan = jax.vmap(scheduler.plan_continuous)(slots, ncfg, cache, geo.chunks, geo.blocks_u)
+            # A node that does not start plans as if empty, which leaves its cache unchanged, so the
+            # plan's cache needs no select over the [N, U] tables (its slots are selected below).
+            planned = slots._replace(status=jnp.where(start_ok[:, None], slots.status, EMPTY))
+            plan = jax.vmap(scheduler.plan_continuous)(planned, ncfg, cache, geo.chunks)
         mode = "continuous"
     else:
         plan = jax.vmap(scheduler.plan_dynamic, in_axes=(0, 0, 0, 0, None))(
@@ -207,7 +208,7 @@ def _handle_events(
     new_slots = plan.slots
     if geo is not None:
         private = jax.vmap(scheduler.kv_blocks_used)(new_slots, geo.chunks, params.nodes.block_size)
-        held_blocks = jax.vmap(lambda k, b: pc.usage(k, b)[0])(plan.cache, geo.blocks_u)
+        held_blocks = plan.cache.cached
     else:
         private = jax.vmap(scheduler.kv_blocks_used, in_axes=(0, None, 0))(
             new_slots, None, params.nodes.block_size
@@ -225,7 +226,7 @@ def _handle_events(
         )
     slots = tree_where(start_ok, new_slots, slots)
     if cfg.prefix_caching:
-        cache = tree_where(start_ok, plan.cache, cache)
+        cache = plan.cache
     started = start_ok & plan.started
     stats = plan.stats
     watts = run.energy / jnp.where(run.duration > 0, run.duration, 1.0)
@@ -359,6 +360,6 @@ def kv_utilisation(slots: Slots, cache: PrefixCache, geo: Geometry | None, param
         private = jax.vmap(scheduler.kv_blocks_used, in_axes=(0, None, 0))(slots, None, p.block_size)
         return private / jnp.maximum(p.kv_blocks, 1), jnp.zeros_like(p.speed)
     private = jax.vmap(scheduler.kv_blocks_used)(slots, geo.chunks, p.block_size)
-    held, pinned = jax.vmap(pc.usage)(cache, geo.blocks_u)
+    held, pinned = cache.cached, cache.pinned
     total = jnp.maximum(p.kv_blocks, 1)
     return (private + pinned) / total, held / total

@@ -12,6 +12,16 @@ inside jit (the reset branch is a `lax.cond` taken only when an episode ends).
   `end="drain"` the last step serves every accepted request, so each request's full latency is
   in the episode and the end is a termination; with `end="cut"` the episode stops at the next
   arrival, requests still in flight are not charged, and the end is a truncation.
+
+Slot widths: a node's slot table has room for `EnvConfig.slots` requests (all it can ever hold),
+but it holds far fewer at most steps, and the cost of a step grows with the table's width. Occupied
+slots sit at the front of each table at the start of a step (`scheduler.compact` closes the holes
+at the end of every step), and a step adds at most one request, so a step runs on the first `w`
+slots of every table, for the narrowest `w` in `slot_widths(cfg)` that holds every node's requests
+and the arriving one, and the slots beyond `w` (all free) are left as they were. The width is
+chosen by a `lax.switch` on the state, one branch compiled per width. A batch of clusters runs at
+the width its fullest cluster needs, the switch outside the vmap (a switch on a batched index would
+run every branch).
 """
 
 from __future__ import annotations
@@ -21,7 +31,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from burstgym import cluster, scheduler
+from burstgym import cluster, prefix_cache, scheduler
 from burstgym.cluster import Accrual, Cluster
 from burstgym.latency import step_time
 from burstgym.metrics import episode_metrics
@@ -37,9 +47,9 @@ from burstgym.types import (
     EnvConfig,
     EnvParams,
     NodeState,
-    PrefixCache,
     RequestLog,
     Service,
+    Slots,
     State,
 )
 from burstgym.workload import Requests
@@ -102,11 +112,37 @@ def service_times(requests: Requests, params: EnvParams, cfg: EnvConfig) -> Serv
     return Service(ttft.min(axis=0), e2e.min(axis=0))
 
 
+def slot_widths(cfg: EnvConfig) -> tuple[int, ...]:
+    """The table widths a step can run at, narrowest first: `cfg.slot_widths` below `cfg.slots`, then it."""
+    return tuple(sorted({w for w in cfg.slot_widths if 0 < w < cfg.slots})) + (cfg.slots,)
+
+
+def needed_width(slots: Slots) -> jax.Array:
+    """[] slots a step needs: up to the last non-empty slot of the fullest table (over every leading
+    axis, so a batch needs what its fullest cluster needs), plus one for the arriving request."""
+    pos = jnp.arange(slots.status.shape[-1], dtype=jnp.int32)
+    return jnp.max(jnp.where(slots.status != EMPTY, pos, -1)) + 2
+
+
+def _with_slots(state: State, slots: Slots) -> State:
+    return state._replace(slots=slots)
+
+
+def _narrow(slots: Slots, width: int) -> Slots:
+    return jax.tree.map(lambda x: x[..., :width], slots)
+
+
+def _widen(full: Slots, narrow: Slots) -> Slots:
+    """`full` with its first slots replaced by `narrow` (the rest are free and stay as they were)."""
+    return jax.tree.map(lambda f, n: jax.lax.dynamic_update_slice_in_dim(f, n, 0, f.ndim - 1), full, narrow)
+
+
 class BurstBalance:
     """The functional environment: pure functions of (state, action, params) for one cluster."""
 
     def __init__(self, cfg: EnvConfig):
         self.cfg = cfg
+        self.widths = slot_widths(cfg)
 
     # ------------------------------------------------------------------------------------- reset
 
@@ -147,13 +183,8 @@ class BurstBalance:
             hit_tokens=zi,
             admitted_prompt=zi,
         )
-        u = req.chunk_tokens.shape[0] if cfg.prefix_caching else 0
-        cache = PrefixCache(
-            ref=jnp.zeros((n, u), jnp.int32),
-            stamp=jnp.zeros((n, u), jnp.int32),
-            watermark=zi,
-            counter=zi,
-        )
+        chunk_ids = req if cfg.prefix_caching else req._replace(chunk_tokens=req.chunk_tokens[:0])
+        cache = jax.vmap(prefix_cache.empty_cache, in_axes=(None, 0))(chunk_ids, params.nodes.block_size)
         log = RequestLog(
             node=jnp.full(e, -1, jnp.int32),
             dropped=jnp.zeros(e, bool),
@@ -180,7 +211,7 @@ class BurstBalance:
             log=log,
             error=jnp.int32(0),
         )
-        geo = cluster.geometry(state.slots, req, params, cfg)
+        geo = cluster.geometry(state.slots, req, state.cache, cfg)
         state = state._replace(seen=load_signals(state, geo, params, cfg))
         return self._observe(state, params), state
 
@@ -198,7 +229,7 @@ class BurstBalance:
         until = jnp.where(last & (cfg.end == "drain"), 0.0, gap).astype(gap.dtype)
         zero = jnp.zeros(cfg.n_nodes, gap.dtype)
         acc = Accrual(zero, zero, zero)
-        geo = cluster.geometry(r.slots, req, params, cfg)
+        geo = cluster.geometry(r.slots, req, state.cache, cfg)
         c, acc, runaway = cluster.advance(
             Cluster(r.slots, r.nodes, state.cache), acc, until, jnp.bool_(False), geo, params, cfg
         )
@@ -219,7 +250,7 @@ class BurstBalance:
         state = st.state
         active = st.last & (cfg.end == "drain")
         horizon = jnp.where(active, jnp.inf, -jnp.inf)
-        geo = cluster.geometry(state.slots, state.requests, params, cfg)
+        geo = cluster.geometry(state.slots, state.requests, state.cache, cfg)
         c = Cluster(state.slots, state.nodes, state.cache)
         c, acc, runaway1 = cluster.advance(c, st.acc, horizon, jnp.bool_(True), geo, params, cfg)
         t_end = jnp.where(active, jnp.maximum(0.0, c.nodes.last_time.max()), st.until)
@@ -274,7 +305,7 @@ class BurstBalance:
             log=log,
             error=error,
         )
-        geo = cluster.geometry(new.slots, new.requests, params, cfg)
+        geo = cluster.geometry(new.slots, new.requests, new.cache, cfg)
         interval = params.signal_interval
         refresh = clock >= state.next_refresh
         seen = jnp.where(refresh, load_signals(new, geo, params, cfg), state.seen)
@@ -282,9 +313,25 @@ class BurstBalance:
             interval > 0, (jnp.floor(clock / jnp.where(interval > 0, interval, 1.0)) + 1.0) * interval, 0.0
         )
         new = new._replace(seen=seen, next_refresh=jnp.where(refresh, nxt, state.next_refresh))
-        view = router_view(new, geo, params, cfg)
+        view = router_view(new, params, cfg)
         info = {"dropped": st.dropped, "action_mask": action_mask(view), "error": new.error}
         return observe(view, params, cfg), new, -cost / params.reward_scale, last, info
+
+    def _at_width(self, state: State, step) -> tuple:
+        """`step(state)` -> (obs, state, reward, done, info) run on the narrowest slot tables that
+        hold `state` (one cluster or a batch; see "Slot widths" above)."""
+
+        def branch(width: int):
+            def run(st: State):
+                out = step(_with_slots(st, _narrow(st.slots, width)))
+                return (out[0], _with_slots(out[1], _widen(st.slots, out[1].slots)), *out[2:])
+
+            return run
+
+        if len(self.widths) == 1:
+            return branch(self.widths[0])(state)
+        index = jnp.searchsorted(jnp.asarray(self.widths, jnp.int32), needed_width(state.slots))
+        return jax.lax.switch(index, [branch(w) for w in self.widths], state)
 
     def step_env(
         self, state: State, action: jax.Array, params: EnvParams
@@ -293,17 +340,21 @@ class BurstBalance:
 
         Returns (observation, state, reward, done, info). Out-of-range actions are the caller's
         to refuse (the Gymnasium faces do); here they are clipped so jit stays total. Stepping a
-        finished episode is the caller's error to refuse too (the faces raise).
+        finished episode is the caller's error to refuse too (the faces raise). To step many
+        clusters, use `batched_step_env` rather than a vmap of this (see "Slot widths").
         """
-        st = self._route_advance(state, action, params)
-        if self.cfg.end == "drain":
-            st = jax.lax.cond(st.last, lambda s: self._drain(s, params), lambda s: s, st)
-        return self._close(st, params)
+
+        def step(state: State):
+            st = self._route_advance(state, action, params)
+            if self.cfg.end == "drain":
+                st = jax.lax.cond(st.last, lambda s: self._drain(s, params), lambda s: s, st)
+            return self._close(st, params)
+
+        return self._at_width(state, step)
 
     def view(self, state: State, params: EnvParams) -> RouterView:
         """What a router sees of the request `state.step` (`burstgym.observation.RouterView`)."""
-        geo = cluster.geometry(state.slots, state.requests, params, self.cfg)
-        return router_view(state, geo, params, self.cfg)
+        return router_view(state, params, self.cfg)
 
     def _observe(self, state: State, params: EnvParams) -> jax.Array:
         return observe(self.view(state, params), params, self.cfg)
@@ -349,19 +400,25 @@ class BurstBalance:
         return jax.vmap(self.reset, in_axes=(0, None, 0))(keys, params, horizons)
 
     def batched_step_env(
-        self, states: State, actions: jax.Array, params: EnvParams
+        self, states: State, actions: jax.Array, params: EnvParams, per_cluster: bool = False
     ) -> tuple[jax.Array, State, jax.Array, jax.Array, dict[str, Any]]:
         """`step_env` over a batch of clusters, without auto-reset.
 
-        The drain of a last step sits behind one `lax.cond` on "any cluster ends now", so the
-        other steps pay nothing for it.
+        `per_cluster`: `params` has a leading cluster axis (`burstgym.rollout.per_cluster`) rather
+        than being shared. The batch runs at the slot width its fullest cluster needs. The drain of
+        a last step sits behind one `lax.cond` on "any cluster ends now", so the other steps pay
+        nothing for it.
         """
-        st = jax.vmap(self._route_advance, in_axes=(0, 0, None))(states, actions, params)
-        if self.cfg.end == "drain":
-            st = jax.lax.cond(
-                st.last.any(), lambda s: jax.vmap(self._drain, in_axes=(0, None))(s, params), lambda s: s, st
-            )
-        return jax.vmap(self._close, in_axes=(0, None))(st, params)
+        axis = 0 if per_cluster else None
+
+        def step(states: State):
+            st = jax.vmap(self._route_advance, in_axes=(0, 0, axis))(states, actions, params)
+            if self.cfg.end == "drain":
+                drain = jax.vmap(self._drain, in_axes=(0, axis))
+                st = jax.lax.cond(st.last.any(), lambda s: drain(s, params), lambda s: s, st)
+            return jax.vmap(self._close, in_axes=(0, axis))(st, params)
+
+        return self._at_width(states, step)
 
     def batched_step(
         self, states: State, actions: jax.Array, params: EnvParams

@@ -127,7 +127,7 @@ def load_signals(state: State, geo: Geometry | None, params: EnvParams, cfg: Env
     )
 
 
-def router_view(state: State, geo: Geometry | None, params: EnvParams, cfg: EnvConfig) -> RouterView:
+def router_view(state: State, params: EnvParams, cfg: EnvConfig) -> RouterView:
     """The view of the request `state.step` (clamped to the last at the episode's end)."""
     seen = state.seen
     col = {name: seen[:, i] for i, name in enumerate(LOAD_SIGNALS)}
@@ -136,17 +136,17 @@ def router_view(state: State, geo: Geometry | None, params: EnvParams, cfg: EnvC
     k = jnp.minimum(state.step, n - 1)
     dtype = state.clock.dtype
     p = params.nodes
-    if geo is not None:
+    if cfg.prefix_caching:
         ids = req.chunk_ids[k]
         start = jnp.arange(ids.shape[0], dtype=jnp.int32) * cfg.chunk_tokens
         end = jnp.minimum(start + cfg.chunk_tokens, req.id_tokens[k])
-        held = jax.vmap(pc.present)(state.cache)
-        hits = jax.vmap(pc.leading_hits, in_axes=(0, None))(held, ids)
+        ids = jnp.where(end > start, ids, -1)
+        hits = pc.leading_run(jax.vmap(pc.present_at, in_axes=(0, None))(state.cache, ids))
         hit_tokens = jnp.minimum(
             pc.chunk_end(jnp.broadcast_to(end, hits.shape + end.shape), hits), req.prompt[k]
         )
-        cached_blocks = jax.vmap(lambda c, b: pc.usage(c, b)[0])(state.cache, geo.blocks_u)
-        cached_tokens = jax.vmap(lambda h: jnp.where(h, req.chunk_tokens, 0).sum())(held)
+        cached_blocks = state.cache.cached
+        cached_tokens = state.cache.cached_tokens
         prefix_key = ids[0] if ids.shape[0] else jnp.int32(-1)
     else:
         hit_tokens = jnp.zeros(cfg.n_nodes, dtype)

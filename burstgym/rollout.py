@@ -125,22 +125,28 @@ def per_cluster(params: EnvParams, n_clusters: int) -> EnvParams:
 
 
 def step_clusters(
-    core: BurstBalance, states: State, actions: jax.Array, params: EnvParams
+    core: BurstBalance, states: State, actions: jax.Array, params: EnvParams, one_at_a_time: bool = False
 ) -> tuple[jax.Array, State, jax.Array, jax.Array, dict[str, jax.Array]]:
     """`BurstBalance.batched_step_env` with per-cluster parameters (`per_cluster`).
+
+    `one_at_a_time`: step the clusters one after another (`lax.map`, each at the slot width it
+    needs), as the rollout engine does on CPU, so that the two agree bit for bit there.
 
     With shared parameters a parameter is a broadcast scalar, and XLA rewrites `x / broadcast(s)`
     into `x * (1 / s)` in some programs and not in others (a standalone step, but not the same
     step inside a scan whose loop hoists the broadcast), so the reward `-cost / reward_scale`
     differs in its last bit between the step-by-step rollout and the scanned one. Per-cluster
     parameters are never broadcast: every program divides exactly, and both rollouts agree bit
-    for bit. The drain of a last step sits behind one `lax.cond` on "any cluster ends now", as in
-    `batched_step_env`.
+    for bit.
     """
-    st = jax.vmap(core._route_advance)(states, actions, params)
-    if core.cfg.end == "drain":
-        st = jax.lax.cond(st.last.any(), lambda s: jax.vmap(core._drain)(s, params), lambda s: s, st)
-    return jax.vmap(core._close)(st, params)
+    if not one_at_a_time:
+        return core.batched_step_env(states, actions, params, per_cluster=True)
+
+    def one(args):
+        batch = jax.tree.map(lambda x: x[None], args)
+        return jax.tree.map(lambda x: x[0], core.batched_step_env(*batch, per_cluster=True))
+
+    return jax.lax.map(one, (states, actions, params))
 
 
 def chunk_size(n_clusters: int, target: int) -> int:

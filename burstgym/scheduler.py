@@ -170,7 +170,6 @@ def _admit_cached(
     slots: Slots,
     cache: PrefixCache,
     chunks: Chunks,
-    blocks_u: jax.Array,
     private: jax.Array,
     budget: jax.Array,
     n_run: jax.Array,
@@ -195,13 +194,22 @@ def _admit_cached(
         return ~s.stop & (s.pos <= last_waiting)
 
     def body(s: _Admitting) -> _Admitting:
+        # The slot at `pos` is read and written through a one-hot mask: under the nodes' vmap an
+        # indexed read or write would be a gather or a scatter, each far dearer than a select.
         p = s.pos
+        here = pos_all == p
         sl, c = s.slots, s.cache
-        is_wait = sl.status[p] == WAITING
-        ids, end, blk = chunks.ids[p], chunks.end[p], chunks.blocks[p]
-        held = pc.present(c)
-        h = pc.leading_hits(held, ids)
-        seq_len = sl.prompt[p] + sl.generated[p]
+
+        def pick(x: jax.Array) -> jax.Array:
+            on = here.reshape(here.shape + (1,) * (x.ndim - 1))
+            return jnp.where(on, x, 0).sum(axis=0, dtype=x.dtype) if x.dtype != bool else (on & x).any(axis=0)
+
+        is_wait = pick(sl.status == WAITING)
+        mine = jax.tree.map(pick, chunks)
+        ids, end, blk = mine.ids, mine.end, mine.blocks
+        held_now = pc.present_at(c, ids)
+        h = pc.leading_run(held_now)
+        seq_len = pick(sl.prompt + sl.generated)
         cap = bs * ((seq_len - 1) // bs)
         hit_tok = jnp.minimum(pc.chunk_end(end, h), cap)
         t = jnp.clip(jnp.minimum(seq_len - hit_tok, s.budget), 0)
@@ -210,33 +218,31 @@ def _admit_cached(
         own = ceil_div(jnp.maximum(done_tok - pc.chunk_end(end, new_pin), 0), bs)
         valid = ids >= 0
         ref_now = c.ref[jnp.maximum(ids, 0)]
-        held_now = held[jnp.maximum(ids, 0)]
         claim = jnp.where(valid & (j < h) & (ref_now == 0), blk, 0).sum()
         fresh = jnp.where(valid & (j >= h) & (j < new_pin) & ~held_now, blk, 0).sum()
-        _, pinned = pc.usage(c, blocks_u)
-        available = cfg.kv_blocks - s.private - pinned
+        available = cfg.kv_blocks - s.private - c.pinned
         ok = is_wait & (t > 0) & (own + fresh + claim <= available) & (s.n_run < cfg.max_num_seqs)
-        c2 = pc.add_refs(c, ids, ok & valid & (j < new_pin))
+        c2 = pc.add_refs(c, mine, ok & valid & (j < new_pin))
         private2 = s.private + jnp.where(ok, own, 0)
-        cached2, _ = pc.usage(c2, blocks_u)
-        c2 = pc.evict(c2, jnp.where(ok, private2 + cached2 - cfg.kv_blocks, 0), blocks_u)
-        first = ok & (sl.hit[p] < 0)
+        c2 = pc.evict(c2, jnp.where(ok, private2 + c2.cached - cfg.kv_blocks, 0))
+        first = ok & (pick(sl.hit) < 0)
+        take, fill = here & ok, here & first
         new = sl._replace(
-            status=sl.status.at[p].set(jnp.where(ok, RUNNING, sl.status[p])),
-            computed=sl.computed.at[p].set(jnp.where(ok, hit_tok, sl.computed[p])),
-            sched=sl.sched.at[p].set(jnp.where(ok, t, sl.sched[p])),
-            pin=sl.pin.at[p].set(jnp.where(ok, new_pin, sl.pin[p])),
-            hit=sl.hit.at[p].set(jnp.where(first, hit_tok, sl.hit[p])),
+            status=jnp.where(take, RUNNING, sl.status),
+            computed=jnp.where(take, hit_tok, sl.computed),
+            sched=jnp.where(take, t, sl.sched),
+            pin=jnp.where(take, new_pin, sl.pin),
+            hit=jnp.where(fill, hit_tok, sl.hit),
         )
         stats = Admission(
             saved=s.stats.saved + jnp.where(ok, hit_tok, 0),
             first_hit=s.stats.first_hit + jnp.where(first, hit_tok, 0),
-            first_prompt=s.stats.first_prompt + jnp.where(first, sl.prompt[p], 0),
+            first_prompt=s.stats.first_prompt + jnp.where(first, pick(sl.prompt), 0),
         )
         return _Admitting(
             slots=new,
             cache=c2,
-            admitted=s.admitted.at[p].set(ok),
+            admitted=s.admitted | take,
             private=private2,
             budget=s.budget - jnp.where(ok, t, 0),
             n_run=s.n_run + ok,
@@ -267,11 +273,10 @@ def plan_continuous(
     cfg: NodeConfig,
     cache: PrefixCache,
     chunks: Chunks | None,
-    blocks_u: jax.Array | None,
 ) -> Plan:
     """Plan the next continuous-batching iteration of one node (docs/semantics.md, steps 1-4).
 
-    `chunks` and `blocks_u` are None without prefix caching (that code is then not traced).
+    `chunks` is None without prefix caching (that code is then not traced).
     """
     n_slots = slots.status.shape[0]
     pos = jnp.arange(n_slots)
@@ -288,7 +293,7 @@ def plan_continuous(
     private = private_blocks(slots, chunks, bs)
     extra = jnp.where(running, ceil_div(jnp.maximum(slots.computed + t - pend, 0), bs) - private, 0)
     if cached:
-        held_blocks, pinned = pc.usage(cache, blocks_u)
+        held_blocks, pinned = pc.usage(cache)
     else:
         held_blocks = pinned = jnp.int32(0)
     empty = cfg.kv_blocks - private.sum() - held_blocks
@@ -299,14 +304,10 @@ def plan_continuous(
     if cached:
         width = chunks.ids.shape[1]
         j = jnp.arange(width)[None, :]
-        u = blocks_u.shape[0]
         pairs = running[:, None] & (j < slots.pin[:, None]) & (chunks.ids >= 0)
-        first = (
-            jnp.full(u, n_slots, jnp.int32)
-            .at[jnp.where(pairs, chunks.ids, u)]
-            .min(jnp.broadcast_to(pos[:, None], pairs.shape).astype(jnp.int32), mode="drop")
-        )
-        by_pos = jnp.zeros(n_slots + 1, jnp.int32).at[first].add(jnp.where(cache.ref > 0, blocks_u, 0))
+        cache, first = pc.first_pinners(cache, chunks.ids, pairs)  # each pinned chunk once
+        at = jnp.where(first, jnp.broadcast_to(pos[:, None], first.shape), n_slots)
+        by_pos = jnp.zeros(n_slots + 1, jnp.int32).at[at].add(jnp.where(first, chunks.blocks, 0))
         freed = freed + (jnp.cumsum(by_pos[::-1])[::-1])[:n_slots]
     keep_extra = jnp.cumsum(extra) - extra
     fits = keep_extra <= available + freed
@@ -325,25 +326,24 @@ def plan_continuous(
         # Preempted requests release their chunks, newest request first, last chunk first.
         order = (n_slots - 1 - pos)[:, None] * width + (width - 1 - j)
         rel = preempted[:, None] & (j < slots.pin[:, None]) & (chunks.ids >= 0)
-        cache = pc.release(cache, chunks.ids, rel, order)
+        cache = pc.release(cache, chunks, rel, order)
         # Chunks the running requests complete in this iteration are cached now (vLLM caches full
         # blocks when it allocates them), then evictions make room for their growth.
         new_pin = jnp.maximum(slots.pin, pc.covered(chunks, slots.computed + t))
         new_pin = jnp.where(kept, new_pin, 0)
         ins = kept[:, None] & (j >= slots.pin[:, None]) & (j < new_pin[:, None]) & (chunks.ids >= 0)
-        cache = pc.add_refs(cache, chunks.ids, ins)
+        cache = pc.add_refs(cache, chunks, ins)
         slots = slots._replace(pin=jnp.where(running, new_pin, slots.pin))
         grown = jnp.where(
             kept, ceil_div(jnp.maximum(slots.computed + t - pc.chunk_end(chunks.end, new_pin), 0), bs), 0
         ).sum()
-        held_now, _ = pc.usage(cache, blocks_u)
-        cache = pc.evict(cache, grown + held_now - cfg.kv_blocks, blocks_u)
+        cache = pc.evict(cache, grown + cache.cached - cfg.kv_blocks)
         # 3. Admission, one by one, only when nothing was preempted.
         # (int32 carries: under x64 the sums would be int64 and scatter into int32 slots.)
         budget_left = jnp.where(n_pre == 0, cfg.max_num_batched_tokens - t.sum(), 0).astype(jnp.int32)
         n_kept = kept.sum().astype(jnp.int32)
         slots, cache, admitted, stats = _admit_cached(
-            slots, cache, chunks, blocks_u, grown.astype(jnp.int32), budget_left, n_kept, cfg
+            slots, cache, chunks, grown.astype(jnp.int32), budget_left, n_kept, cfg
         )
     else:
         free_after = empty + jnp.where(preempted, private, 0).sum() - jnp.where(kept, extra, 0).sum()
@@ -589,7 +589,7 @@ def release_finished(
     j = jnp.arange(width)[None, :]
     pos = jnp.arange(n_slots)[:, None]
     rel = finished[:, None] & (j < slots.pin[:, None]) & (chunks.ids >= 0)
-    cache = pc.release(cache, chunks.ids, rel, pos * width + (width - 1 - j))
+    cache = pc.release(cache, chunks, rel, pos * width + (width - 1 - j))
     return cache, slots._replace(pin=jnp.where(finished, 0, slots.pin))
 
 

@@ -44,6 +44,8 @@ class EnvConfig:
     reward: str = "accrual"  # "accrual" (Little's law, as it accrues) or "finish" (each request when done)
     end: str = "drain"  # "drain": the last step serves everyone (termination); "cut": stop (truncation)
     slots: int = 128  # S, requests a node can hold; more raises a slot-overflow error
+    # Narrower slot tables a step may run at (burstgym.env, "Slot widths"); () runs every step at S.
+    slot_widths: tuple[int, ...] = (32, 128)
     prefix_caching: bool = False  # continuous batching: per-node prefix cache (traced only when True)
     chunk_tokens: int = 512  # G, tokens per prefix-cache chunk (a multiple of every node's block_size)
     padding: bool = True  # dynamic batching: pad prompts to the batch's longest, keep finished rows
@@ -140,13 +142,20 @@ class PrefixCache(NamedTuple):
 
     A chunk is present on a node when a running request pins it (`ref > 0`) or when it was
     released after the node's eviction watermark (`stamp > watermark`). Releases get increasing
-    stamps, so evicting least-recently-released first is raising the watermark.
+    stamps, so evicting least-recently-released first is raising the watermark. The node's totals
+    (`cached`, `pinned`, `cached_tokens`) are kept up to date by every change, so only eviction
+    scans the U chunks (`burstgym.prefix_cache`).
     """
 
     ref: jax.Array  # [N, U] int32, running requests that hold the chunk
-    stamp: jax.Array  # [N, U] int32, release order of the chunk (0: never released)
+    stamp: jax.Array  # [N, U] int32, release order of the chunk while it is not pinned (0: never released)
+    blocks: jax.Array  # [N, U] int32, KV blocks the chunk occupies on the node (fixed per episode)
+    tokens: jax.Array  # [N, U] int32, tokens of the chunk (fixed per episode)
     watermark: jax.Array  # [N] int32, chunks released at or before this stamp are evicted
     counter: jax.Array  # [N] int32, last stamp handed out
+    cached: jax.Array  # [N] int32, KV blocks of the chunks the node holds (pinned or not)
+    pinned: jax.Array  # [N] int32, KV blocks of the pinned chunks
+    cached_tokens: jax.Array  # [N] int32, tokens of the chunks the node holds (its "tree size")
 
 
 class RequestLog(NamedTuple):

@@ -26,10 +26,15 @@ def _kv_used(state, params, cfg):
     if not cfg.prefix_caching:
         blocks = (slots.computed + block_size[:, None] - 1) // block_size[:, None]
         return jnp.where(slots.status == RUNNING, blocks, 0).sum(axis=1)
-    geo = cluster.geometry(slots, state.requests, params, cfg)
+    geo = cluster.geometry(slots, state.requests, state.cache, cfg)
     private = jax.vmap(scheduler.kv_blocks_used)(slots, geo.chunks, block_size)
-    held, _ = jax.vmap(pc.usage)(state.cache, geo.blocks_u)
+    held = jax.vmap(pc.scan_usage)(state.cache)[:, 0]  # recounted, not the kept total
     return private + held
+
+
+def _cache_scan(state):
+    """[3, N] the prefix cache's totals recounted from its chunks (zeros without a cache)."""
+    return jax.vmap(pc.scan_usage)(state.cache).T
 
 
 @functools.cache
@@ -39,8 +44,8 @@ def rollout_fn(cfg: EnvConfig, x64: bool = False):
     One `lax.scan` over `step_env` runs a whole episode in one call. The trace holds, per step:
     obs, reward, done, the clock (time of the next arrival), the nodes' clocks on the same
     absolute scale, the error bits, and the counts the invariants need (finished, in flight,
-    dropped, KV blocks used). `x64` is part of the cache key because a function traced
-    under `jax.enable_x64` has float64 shapes.
+    dropped, KV blocks used, the prefix cache's kept and recounted totals). `x64` is part of the
+    cache key because a function traced under `jax.enable_x64` has float64 shapes.
     """
     env = BurstBalance(cfg)
 
@@ -64,6 +69,9 @@ def rollout_fn(cfg: EnvConfig, x64: bool = False):
                 "dropped": st.log.dropped.sum(),
                 "kv_used": _kv_used(st, params, cfg),
                 "mask": info["action_mask"],
+                # the prefix cache's kept totals, and the same recounted from its chunks
+                "cache_kept": jnp.stack([st.cache.cached, st.cache.pinned, st.cache.cached_tokens]),
+                "cache_scan": _cache_scan(st),
             }
             return st, out
 

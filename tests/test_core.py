@@ -184,3 +184,28 @@ def test_step_time_is_affine_in_kv_tokens():
             d = np.asarray(step_time(lat, 0.0, float(n), kv, 0.0), dtype=np.float64)
             slope = (d[1] - d[0]) / (kv[1] - kv[0])
             np.testing.assert_allclose(d, d[0] + slope * (kv - kv[0]), rtol=1e-5, err_msg=name)
+
+
+def test_steps_on_narrow_slot_tables_equal_full_width_steps() -> None:
+    """A step runs on the narrowest slot table that holds every node's requests plus the arriving
+    one (burstgym.env, "Slot widths"). An episode whose nodes fill past the narrow widths gives the
+    same fates, latencies, rewards and prefix-cache totals as the same episode at full width."""
+    cfg, params = scenarios.make("prefix", **{**BASE, "episode_length": 48, "max_num_seqs": 8,
+                                              "queue_capacity": 8, "kv_capacity_tokens": 8192,
+                                              "prompt_max": 1024, "prefix_median": 512.0, "prefix_max": 1024,
+                                              "load": 3.0})
+    assert cfg.prefix_caching and cfg.slots == 16
+    actions = np.arange(cfg.episode_length) % cfg.n_nodes
+    narrow = dataclasses.replace(cfg, slot_widths=(2, 4))
+    wide = dataclasses.replace(cfg, slot_widths=())
+    assert BurstBalance(narrow).widths == (2, 4, 16) and BurstBalance(wide).widths == (cfg.slots,)
+    _, _, st_n, tr_n = rollout(narrow, params, 0, actions)
+    _, _, st_w, tr_w = rollout(wide, params, 0, actions)
+    per_node = (tr_n["running"] + tr_n["waiting"]).max(axis=1)  # after each step
+    assert per_node[:-1].min() + 1 <= 2 and per_node.max() >= 4  # the narrowest and the full width ran
+    np.testing.assert_array_equal(st_n.log.dropped, st_w.log.dropped)
+    np.testing.assert_array_equal(st_n.log.node, st_w.log.node)
+    for field in ("ttft", "e2e"):
+        np.testing.assert_allclose(getattr(st_n.log, field), getattr(st_w.log, field), rtol=1e-6)
+    np.testing.assert_allclose(tr_n["reward"], tr_w["reward"], rtol=1e-5, atol=1e-7)
+    np.testing.assert_array_equal(tr_n["cache_kept"], tr_w["cache_kept"])

@@ -93,6 +93,8 @@ def test_invariants(case, c) -> None:
     qc = np.asarray(p.queue_capacity)
     if c["scheduler"] == "continuous":
         assert (tr["kv_used"] <= np.asarray(p.kv_blocks)).all()
+        # the prefix cache's totals, kept by every change, equal a recount of its chunks
+        np.testing.assert_array_equal(tr["cache_kept"], tr["cache_scan"])
         assert (tr["running"] <= np.asarray(p.max_num_seqs)).all()
         assert (tr["waiting"] + tr["running"] <= qc + np.asarray(p.max_num_seqs)).all()
     else:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from types import SimpleNamespace
 
 import jax.numpy as jnp
 import numpy as np
@@ -21,46 +22,65 @@ SHARED_DATA = Path(
     os.environ.get("BURSTGYM_SHARED_DATA", Path(__file__).resolve().parents[1].parent / "shared" / "data")
 )
 MOONCAKE = SHARED_DATA / "traces" / "mooncake_synthetic_trace.jsonl"
-BLOCKS = jnp.array([2, 2, 2, 2], jnp.int32)  # four chunks of two KV blocks each
 
 
-def _empty(u: int = 4) -> PrefixCache:
-    z = jnp.zeros((), jnp.int32)
-    return PrefixCache(jnp.zeros(u, jnp.int32), jnp.zeros(u, jnp.int32), z, z)
+def _empty() -> PrefixCache:
+    """A node's empty cache over four chunks of 32 tokens, two KV blocks of 16 each."""
+    return pc.empty_cache(SimpleNamespace(chunk_tokens=jnp.full(4, 32, jnp.int32)), jnp.int32(16))
+
+
+def _chunks(ids: list) -> pc.Chunks:
+    """Pairs naming the chunks `ids` (a list, or a list of lists for several requests)."""
+    a = jnp.asarray(ids, jnp.int32)
+    return pc.Chunks(ids=a, end=jnp.zeros_like(a), blocks=jnp.full_like(a, 2), tokens=jnp.full_like(a, 32))
+
+
+def _usage(c: PrefixCache) -> list[int]:
+    """(blocks held, blocks pinned) as kept, after checking them and the tokens against a recount."""
+    kept = [int(c.cached), int(c.pinned), int(c.cached_tokens)]
+    assert kept == [int(x) for x in pc.scan_usage(c)]
+    return kept[:2]
 
 
 def _release(cache: PrefixCache, ids: list[int]) -> PrefixCache:
     """Release `ids` in one event, the last listed being the most recently used."""
-    a = jnp.asarray(ids, jnp.int32)[None, :]
-    return pc.release(cache, a, jnp.ones_like(a, bool), jnp.arange(a.size)[None, :])
+    ch = _chunks([ids])
+    return pc.release(cache, ch, jnp.ones(ch.ids.shape, bool), jnp.arange(ch.ids.size)[None, :])
 
 
 def test_lru_eviction_order() -> None:
     """Chunks released earlier are evicted first; within one event, by release order; eviction
     stops as soon as the deficit is covered."""
     c = _empty()
-    ids = jnp.arange(4, dtype=jnp.int32)
-    c = pc.add_refs(c, ids, jnp.ones(4, bool))
+    c = pc.add_refs(c, _chunks([0, 1, 2, 3]), jnp.ones(4, bool))
     c = _release(c, [1])  # first event: chunk 1
     c = _release(c, [3, 0])  # second event: 3, then 0 (most recent)
     np.testing.assert_array_equal(pc.present(c), [True, True, True, True])  # 2 is pinned
-    assert [int(x) for x in pc.usage(c, BLOCKS)] == [8, 2]
-    c = pc.evict(c, jnp.int32(3), BLOCKS)  # needs two chunks: 1, then 3
+    assert _usage(c) == [8, 2]
+    c = pc.evict(c, jnp.int32(3))  # needs two chunks: 1, then 3
     np.testing.assert_array_equal(pc.present(c), [True, False, True, False])
-    c = pc.evict(c, jnp.int32(100), BLOCKS)  # everything evictable goes; the pinned chunk stays
+    assert _usage(c) == [4, 2]
+    c = pc.evict(c, jnp.int32(100))  # everything evictable goes; the pinned chunk stays
     np.testing.assert_array_equal(pc.present(c), [False, False, True, False])
-    assert [int(x) for x in pc.usage(c, BLOCKS)] == [2, 2]
+    assert _usage(c) == [2, 2]
 
 
 def test_a_hit_re_pins_and_a_shared_chunk_is_released_once_free() -> None:
-    """A chunk two requests pin is released (evictable) only when both have let go."""
-    c = pc.add_refs(_empty(), jnp.array([0, 0], jnp.int32), jnp.ones(2, bool))
+    """A chunk two requests pin is released (evictable) only when both have let go; pinned by
+    both in one change, it counts once in the node's totals."""
+    c = pc.add_refs(_empty(), _chunks([0, 0]), jnp.ones(2, bool))
+    assert _usage(c) == [2, 2]
     c = _release(c, [0])
-    c = pc.evict(c, jnp.int32(100), BLOCKS)
-    assert bool(pc.present(c)[0])  # still pinned by the other request
+    c = pc.evict(c, jnp.int32(100))
+    assert bool(pc.present(c)[0]) and _usage(c) == [2, 2]  # still pinned by the other request
     c = _release(c, [0])
-    c = pc.evict(c, jnp.int32(1), BLOCKS)
-    assert not bool(pc.present(c)[0])
+    assert _usage(c) == [2, 0]
+    c = pc.evict(c, jnp.int32(1))
+    assert not bool(pc.present(c)[0]) and _usage(c) == [0, 0]
+    c = pc.add_refs(c, _chunks([[0, 1], [0, 2]]), jnp.ones((2, 2), bool))  # a shared hit
+    assert _usage(c) == [6, 6]
+    c = _release(c, [0, 1, 0, 2])  # both requests let go in one event: chunk 0 freed once
+    assert _usage(c) == [6, 0]
 
 
 def _closed_form_hits(ids: np.ndarray, end: np.ndarray, prompt: np.ndarray, block: int) -> np.ndarray:
