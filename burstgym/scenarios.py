@@ -74,6 +74,7 @@ class Settings:
     padding: bool = True  # dynamic: pad prompts to the batch's longest, finished rows stay (static batching)
     queue_capacity: int = 64  # waiting requests per node beyond which arrivals are dropped
     slots: int | None = None  # requests a node's table holds; None: all it can hold
+    slot_widths: tuple[int, ...] = (32, 128)  # narrower tables a step may run at (burstgym.env); () none
     sleep_timeout: float = math.inf  # seconds idle and empty before a node sleeps
     wake_delay: float = 0.0  # seconds from an arrival at a sleeping node until it can run
     sleep_power_fraction: float = 0.3  # sleeping power as a fraction of idle power (assumed)
@@ -207,6 +208,12 @@ class Settings:
                 raise ValueError(
                     f"scenario setting {name!r} must be True or False, got {getattr(self, name)!r}"
                 )
+        if not isinstance(self.slot_widths, tuple) or any(
+            isinstance(w, bool) or not isinstance(w, (int, np.integer)) or w < 1 for w in self.slot_widths
+        ):
+            raise ValueError(
+                f"scenario setting 'slot_widths' must be a tuple of positive integers, got {self.slot_widths!r}"
+            )
         for name in ("profile", "speed"):
             v = getattr(self, name)
             if isinstance(v, tuple) and len(v) != self.n_nodes:
@@ -460,6 +467,7 @@ def make(name: str, **overrides) -> tuple[EnvConfig, EnvParams]:
         reward=s.reward,
         end=s.end,
         slots=s.slots or exact,
+        slot_widths=tuple(int(w) for w in s.slot_widths),
         prefix_caching=s.scheduler == "continuous" and s.prefix_caching and chunk > 0,
         chunk_tokens=chunk or 512,
         padding=s.padding,

@@ -28,7 +28,13 @@ def run(script: str, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
 
 
-@pytest.fixture(scope="module")
+# Tests that read the one training run share a worker under pytest-xdist (`--dist loadgroup`), and
+# the run is session-scoped (a worker may run other modules' tests between them), so it is trained
+# once.
+SAME_RUN = pytest.mark.xdist_group("trained-run")
+
+
+@pytest.fixture(scope="session")
 def trained(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("runs")
     proc = run(
@@ -54,6 +60,7 @@ def trained(tmp_path_factory) -> Path:
     return out / "prefix-ppo-seed0"
 
 
+@SAME_RUN
 def test_train_saves_a_loadable_model_with_config_and_checkpoints(trained):
     from agents.learners import load_model
 
@@ -80,6 +87,7 @@ def _events(run: Path):
         yield from EventFileLoader(str(path)).Load()
 
 
+@SAME_RUN
 def test_train_logs_serving_and_eval_metrics_to_tensorboard(trained):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -109,6 +117,7 @@ def test_train_logs_serving_and_eval_metrics_to_tensorboard(trained):
         assert tag in tags, f"{tag} missing from {sorted(tags)}"
 
 
+@SAME_RUN
 def test_train_writes_a_custom_scalars_layout_once(trained):
     from tensorboard.plugins.custom_scalar import layout_pb2
 
@@ -133,6 +142,7 @@ def _digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+@SAME_RUN
 def test_train_resumes_from_a_checkpoint_into_a_new_run(trained):
     checkpoint = sorted((trained / "checkpoints").glob("*_steps.zip"))[0]
     kept = {name: _digest(trained / name) for name in ("best_model.zip", "model.zip", "config.json")}
@@ -178,6 +188,7 @@ def test_resume_never_writes_into_the_checkpoints_run(tmp_path):
         train.resumed_dir(tmp_path / "runs", old, "prefix-ppo-seed0")
 
 
+@SAME_RUN
 def test_evaluate_uses_the_runs_scenario_and_settings(trained, tmp_path, monkeypatch):
     """The training scenario runs with every setting of config.json (--set and --load still
     override); the other scenarios keep their own settings but the model's cluster and episodes."""
@@ -217,6 +228,7 @@ def test_evaluate_uses_the_runs_scenario_and_settings(trained, tmp_path, monkeyp
     assert seen["bursty"]["load"] == 0.5 and seen["bursty"]["burst_ratio"] == 4.0
 
 
+@SAME_RUN
 def test_evaluate_writes_table_and_plots(trained, tmp_path):
     out = tmp_path / "results"
     proc = run(
