@@ -212,7 +212,8 @@ class Settings:
             isinstance(w, bool) or not isinstance(w, (int, np.integer)) or w < 1 for w in self.slot_widths
         ):
             raise ValueError(
-                f"scenario setting 'slot_widths' must be a tuple of positive integers, got {self.slot_widths!r}"
+                "scenario setting 'slot_widths' must be a tuple of positive integers, "
+                f"got {self.slot_widths!r}"
             )
         for name in ("profile", "speed"):
             v = getattr(self, name)
