@@ -127,10 +127,12 @@ def profile_step(
 ) -> list[tuple[str, float]]:
     """CPU microseconds per routing step of each part of a step, one cluster (the CPU engine's
     layout): the states of one episode are recorded, then each part is jitted alone and mapped
-    over them (best of `reps`); every output is reduced to a checksum so nothing is elided."""
+    over them (best of `reps`); every output is reduced to a checksum so nothing is elided. The
+    parts run on the slot tables cut to the narrowest width (`burstgym.env`, "Slot widths"), over
+    the steps that width holds (the first row says how many); the whole step runs on every step."""
     from burstgym import cluster
     from burstgym.cluster import Accrual, Cluster
-    from burstgym.env import BurstBalance
+    from burstgym.env import BurstBalance, needed_width
     from burstgym.observation import action_mask
 
     cfg, params = scenarios.make(scenario, **settings)
@@ -149,19 +151,25 @@ def profile_step(
         return jax.lax.scan(body, s, None, length=e)[1]
 
     states, actions = jax.block_until_ready(jax.jit(episode)(s0))  # each step's state and action
+    whole = states, actions
+    width = core.widths[0]
+    fits = np.flatnonzero(np.asarray(jax.vmap(needed_width)(states.slots)) <= width)
+    states, actions = jax.tree.map(lambda x: x[fits], (states, actions))
+    states = states._replace(slots=jax.tree.map(lambda x: x[..., :width], states.slots))
 
     def checksum(tree):
         return sum(jnp.sum(x.astype(jnp.float32)) for x in jax.tree.leaves(tree) if x.dtype != jnp.bool_)
 
-    def per_step(f) -> float:
+    def per_step(f, data=None) -> float:
+        st, ac = (states, actions) if data is None else data
         g = jax.jit(lambda st, a: jax.lax.map(lambda x: checksum(f(*x)), (st, a)).sum())
-        jax.block_until_ready(g(states, actions))
+        jax.block_until_ready(g(st, ac))
         best = np.inf
         for _ in range(reps):
             clock = Clock()
-            jax.block_until_ready(g(states, actions))
+            jax.block_until_ready(g(st, ac))
             best = min(best, clock.read()[1])
-        return best / e * 1e6
+        return best / len(ac) * 1e6
 
     def routed(s, a):
         k = s.step
@@ -190,10 +198,14 @@ def profile_step(
 
     count = jax.jit(lambda st, a: jax.lax.map(lambda x: loop(*x, None), (st, a)))
     passes = np.asarray(count(states, actions))
-    parts = [
-        ("whole step: view + router + step_env", lambda s, a: core.step_env(s, decide(s), params)[1]),
-        ("step_env", lambda s, a: core.step_env(s, a, params)[1]),
-        ("  route, event loop, accrual (_route_advance)", lambda s, a: core._route_advance(s, a, params)),
+    every = [
+        ("whole step: view + router + step_env (every step)",
+         lambda s, a: core.step_env(s, decide(s), params)[1]),
+        ("step_env (every step, at the width each needs)", lambda s, a: core.step_env(s, a, params)[1]),
+    ]
+    narrow = [
+        (f"  at width {width}: route, event loop, accrual (_route_advance)",
+         lambda s, a: core._route_advance(s, a, params)),
         ("    route (admission to the slot table)", lambda s, a: routed(s, a)[0]),
         (
             "    route + prefix geometry of the slots",
@@ -203,8 +215,12 @@ def profile_step(
         ("router view (cache hits, signals)", lambda s, a: core.view(s, params)),
         (f"view + {router} decision", lambda s, a: decide(s)),
     ]
-    rows = [(f"event-loop passes per step (mean; max {passes.max()})", float(passes.mean()))]
-    return rows + [(name, per_step(f)) for name, f in parts]
+    rows = [
+        (f"steps the narrowest width ({width} slots) holds, of {e}", float(len(fits))),
+        (f"event-loop passes per step at that width (mean; max {passes.max()})", float(passes.mean())),
+    ]
+    rows += [(name, per_step(f, whole)) for name, f in every]
+    return rows + [(name, per_step(f)) for name, f in narrow]
 
 
 def device_name() -> str:

@@ -19,8 +19,10 @@ from burstgym.workload import EmpiricalLengths, PoissonArrivals, Workload
 
 def _md1(rate: float, service: float, episode_length: int):
     """One node serving one request at a time in exactly `service` seconds, Poisson arrivals."""
+    # One slot width: the M/D/1 test vmaps whole episodes, and a vmapped width switch would run
+    # every width's branch (burstgym.env, "Slot widths").
     cfg, params = scenarios.make("steady", n_nodes=1, episode_length=episode_length, max_num_seqs=1,
-                                 queue_capacity=40, prompt_max=64, output_max=64)
+                                 queue_capacity=40, prompt_max=64, output_max=64, slot_widths=())
     workload = Workload(PoissonArrivals(rate), EmpiricalLengths((32,)), EmpiricalLengths((1,)))
     cfg = dataclasses.replace(cfg, workload=workload)
     n = params.nodes

@@ -129,7 +129,8 @@ def test_unknown_scenario_lists_valid_ones() -> None:
     ("setting", "field"),
     [({"n_nodez": 4}, "n_nodez"), ({"load": -1.0}, "load"), ({"n_nodes": 0}, "n_nodes"),
      ({"scheduler": "static"}, "scheduler"), ({"queue_capacity": 2.5}, "queue_capacity"),
-     ({"burst_ratio": 0.5}, "burst_ratio"), ({"arrival_cv": 0.0}, "arrival_cv")],
+     ({"burst_ratio": 0.5}, "burst_ratio"), ({"arrival_cv": 0.0}, "arrival_cv"),
+     ({"slot_widths": (32, 0)}, "slot_widths"), ({"slot_widths": 64}, "slot_widths")],
 )
 def test_bad_setting_names_the_field(setting, field) -> None:
     """Unknown or invalid settings are refused with the setting named."""
