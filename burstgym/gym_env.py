@@ -155,8 +155,8 @@ class BurstBalanceEnv(gym.Env):
             raise RuntimeError("the episode has ended: call reset() before step()")
         a = _check_action(action, self.cfg.n_nodes)
         obs, self._state, reward, done, info = self._fns["step_env"](self._state, a, self.params)
-        obs, reward, done, info = jax.device_get((obs, reward, done, info))
-        check_error(info["error"], f" at request {int(self._state.step) - 1}")
+        obs, reward, done, info, step = jax.device_get((obs, reward, done, info, self._state.step))
+        check_error(info["error"], f" at request {int(step) - 1}")  # one transfer per step
         out: dict[str, Any] = {"action_mask": info["action_mask"], "dropped": bool(info["dropped"])}
         done = bool(done)
         if done:
