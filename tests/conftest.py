@@ -2,21 +2,29 @@
 and the invariant counts read from the slot table.
 
 Compilation dominates the run time of these tests, so every jitted function is cached per
-(EnvConfig, x64 flag) and reused by every test and hypothesis example with that configuration.
+(EnvConfig, x64 flag) and reused by every test and hypothesis example with that configuration,
+and the processes of one test run share compiled programs through JAX's persistent cache
+(`pytest_configure`).
 """
 
 from __future__ import annotations
 
 import functools
+import os
+import shutil
+import tempfile
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from burstgym import cluster, scenarios, scheduler
 from burstgym import prefix_cache as pc
 from burstgym.env import BurstBalance
 from burstgym.types import EMPTY, RUNNING, WAITING, EnvConfig
+
+_CACHE_DIR = pytest.StashKey[str]()
 
 
 def _kv_used(state, params, cfg):
@@ -35,6 +43,28 @@ def _kv_used(state, params, cfg):
 def _cache_scan(state):
     """[3, N] the prefix cache's totals recounted from its chunks (zeros without a cache)."""
     return jax.vmap(pc.scan_usage)(state.cache).T
+
+
+def pytest_configure(config) -> None:
+    """Share compiled programs between every process of one test run (the pytest-xdist workers and
+    the train.py / rl-zoo3 subprocesses) through JAX's persistent compilation cache, in a fresh
+    directory per run (removed at its end); a cache directory the user set is used as it is."""
+    if not hasattr(config, "workerinput") and "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+        path = tempfile.mkdtemp(prefix="burstgym-tests-jax-cache-")
+        os.environ["JAX_COMPILATION_CACHE_DIR"] = path  # inherited by the workers and subprocesses
+        os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+        os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
+        config.stash[_CACHE_DIR] = path
+    if "JAX_COMPILATION_CACHE_DIR" in os.environ:
+        jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+def pytest_unconfigure(config) -> None:
+    path = config.stash.get(_CACHE_DIR, None)
+    if path is not None:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 @functools.cache
