@@ -5,16 +5,24 @@ from __future__ import annotations
 import json
 from typing import Any
 
+PYTHON_CONSTANTS = {"True": True, "False": False, "None": None}
+
 
 def parse_settings(pairs: list[str]) -> dict[str, Any]:
-    """`key=value` scenario overrides (`--set`); values parsed as JSON when they can be (numbers, lists)."""
+    """`key=value` scenario overrides (`--set`). Values are read as JSON where they can be (numbers,
+    `true`/`false`, `null`, lists, which become tuples as `Settings` expects), Python's `True`,
+    `False` and `None` as those, anything else as a string."""
     out: dict[str, Any] = {}
     for pair in pairs:
         if "=" not in pair:
             raise ValueError(f"--set expects key=value, got {pair!r}")
         key, value = pair.split("=", 1)
+        if value in PYTHON_CONSTANTS:
+            out[key] = PYTHON_CONSTANTS[value]
+            continue
         try:
-            out[key] = json.loads(value)
+            parsed = json.loads(value)
         except json.JSONDecodeError:
-            out[key] = value
+            parsed = value
+        out[key] = tuple(parsed) if isinstance(parsed, list) else parsed
     return out

@@ -25,6 +25,7 @@ import numpy as np
 
 from burstgym import capacity
 from burstgym.latency import LatencyModel, PowerModel, Profile, load_profile
+from burstgym.latency.power import flat_power_model
 from burstgym.types import ENDS, OBJECTIVES, REWARDS, SCHEDULERS, EnvConfig, EnvParams, NodeParams
 from burstgym.workload import (
     ArrivalProcess,
@@ -41,6 +42,10 @@ from burstgym.workload import (
 
 DEFAULT_PROFILE = "h100-llama-3-8b-tp1"
 LARGE_GPU_BYTES = 70 * 2**30  # vLLM's threshold for the larger batch defaults
+# Busy power: "roofline" follows the iteration's work (burstgym.latency.power, fitted); "flat" draws
+# the board limit whenever an iteration runs, whatever it does: the simpler model, kept to measure
+# how much of an energy result comes from the power model.
+POWER_MODELS = ("roofline", "flat")
 
 # Prefix sharing of the regime map: none, moderate (many groups, short prefixes, mild
 # popularity skew) and heavy (few groups, long prefixes, strong skew).
@@ -78,6 +83,7 @@ class Settings:
     sleep_timeout: float = math.inf  # seconds idle and empty before a node sleeps
     wake_delay: float = 0.0  # seconds from an arrival at a sleeping node until it can run
     sleep_power_fraction: float = 0.3  # sleeping power as a fraction of idle power (assumed)
+    power: str = "roofline"  # busy power: the profile's energy roofline, or "flat" (its TDP whenever busy)
     objective: str = "latency"  # "latency", "excess" or "slo"
     reward: str = "accrual"  # "accrual" (as latency accrues) or "finish" (each request when it finishes)
     end: str = "drain"  # "drain" (serve everyone, terminate) or "cut" (stop at the next arrival, truncate)
@@ -197,6 +203,7 @@ class Settings:
             "objective": OBJECTIVES,
             "reward": REWARDS,
             "end": ENDS,
+            "power": POWER_MODELS,
         }
         for name, valid in choices.items():
             if getattr(self, name) not in valid:
@@ -415,9 +422,11 @@ def make(name: str, **overrides) -> tuple[EnvConfig, EnvParams]:
         return jnp.asarray(np.asarray(values), dtype=dtype)
 
     fdt = jnp.result_type(float)
-    power = PowerModel(
-        *(arr([float(getattr(p.power, f)) for p in profiles], fdt) for f in PowerModel._fields)
-    )
+    node_power = [
+        p.power if s.power == "roofline" else flat_power_model(p.idle_power_w, p.busy_power_w)
+        for p in profiles
+    ]
+    power = PowerModel(*(arr([float(getattr(m, f)) for m in node_power], fdt) for f in PowerModel._fields))
     nodes = NodeParams(
         latency=LatencyModel(
             *(arr([float(getattr(p.latency, f)) for p in profiles], fdt) for f in LatencyModel._fields)

@@ -176,3 +176,27 @@ def test_a100_energy_fit_matches_measured_average_power() -> None:
     assert energy.static_w + energy.joule_per_flop * gpu.flops == pytest.approx(energy.tdp_w)
     shipped = load_profile("a100-llama-3-8b-tp1").energy
     assert shipped.static_w == pytest.approx(energy.static_w, rel=1e-3)
+
+
+def test_power_setting_flat_draws_the_board_limit_whenever_busy() -> None:
+    """Scenario setting power="flat": a node draws its TDP while an iteration runs and its idle power
+    otherwise, whatever the work; the same episode under the roofline (the default) has the same
+    latencies (power does not touch timing) and draws less. Unknown power models are refused."""
+    from conftest import BASE, base, rollout
+
+    from burstgym import scenarios
+
+    actions = np.arange(BASE["episode_length"]) % BASE["n_nodes"]
+    cfg, flat = base(power="flat")
+    _, roofline = base()
+    _, _, st_flat, _ = rollout(cfg, flat, 0, actions)
+    _, _, st_roof, _ = rollout(cfg, roofline, 0, actions)
+    np.testing.assert_array_equal(st_flat.log.e2e, st_roof.log.e2e)
+    np.testing.assert_array_equal(st_flat.nodes.busy_s, st_roof.nodes.busy_s)
+    p = load_profile(scenarios.DEFAULT_PROFILE)
+    busy = np.asarray(st_flat.nodes.busy_s, np.float64)
+    by_hand = p.busy_power_w * busy + p.idle_power_w * (float(st_flat.t_end) - busy)
+    np.testing.assert_allclose(st_flat.nodes.energy_j, by_hand, rtol=1e-4)
+    assert np.all(np.asarray(st_roof.nodes.energy_j) < np.asarray(st_flat.nodes.energy_j))
+    with pytest.raises(ValueError, match="'power'"):
+        scenarios.make("bursty", power="tdp")

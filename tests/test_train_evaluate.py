@@ -396,3 +396,18 @@ def test_default_teacher_is_cache_aware_only_where_prefixes_are_cached():
     ):
         cfg, _ = scenarios.make(name, episode_length=16)
         assert train.default_teacher(cfg) == teacher, name
+
+
+def test_set_reads_json_and_python_spellings() -> None:
+    """--set values: JSON numbers, booleans and lists (as tuples), Python's True/False/None, else strings;
+    what it gives passes the scenario's own validation (padding=True is the boolean)."""
+    from agents.cli import parse_settings
+    from burstgym import scenarios
+
+    got = parse_settings(["padding=True", "prefix_caching=false", "slots=None", "slot_widths=[32]",
+                          "load=0.9", "power=flat", "speed=[1, 0.5]"])
+    assert got == {"padding": True, "prefix_caching": False, "slots": None, "slot_widths": (32,),
+                   "load": 0.9, "power": "flat", "speed": (1, 0.5)}
+    scenarios.Settings(**{**got, "n_nodes": 2}).validate()
+    with pytest.raises(ValueError, match="key=value"):
+        parse_settings(["padding"])
