@@ -10,14 +10,10 @@ import numpy as np
 import pytest
 
 import burstgym  # noqa: F401  (registers BurstBalance-v0)
-from burstgym.observation import GLOBAL_FEATURES, NODE_FEATURES
+from burstgym.observation import GLOBAL_FEATURES, NODE_FEATURES, node_features
 
 # Two nodes, the second's iterations twice as long; light load so that no request is refused.
 HETERO = dict(scenario="steady", n_nodes=2, speed=(1.0, 2.0), episode_length=96, load=0.3)
-
-
-def _node_block(obs: np.ndarray, n_nodes: int) -> np.ndarray:
-    return obs[: n_nodes * len(NODE_FEATURES)].reshape(n_nodes, len(NODE_FEATURES))
 
 
 def test_arrival_rate_estimate_starts_at_the_scenario_rate_and_tracks_it() -> None:
@@ -43,38 +39,37 @@ def test_capacity_feature_tells_fast_nodes_from_slow() -> None:
     same = gym.make("BurstBalance-v0", **{**HETERO, "speed": 1.0})
     obs, _ = same.reset(seed=0)
     col = NODE_FEATURES.index("capacity")
-    np.testing.assert_allclose(_node_block(obs, 2)[:, col], 1.0)
+    np.testing.assert_allclose(node_features(obs, 2)[:, col], 1.0)
     env = gym.make("BurstBalance-v0", **HETERO)
     obs, _ = env.reset(seed=0)
     cap = np.asarray(env.unwrapped.params.nodes.capacity_rps)
-    feature = _node_block(obs, 2)[:, col]
+    feature = node_features(obs, 2)[:, col]
     np.testing.assert_allclose(feature, cap / cap.mean(), rtol=1e-5)
     np.testing.assert_allclose(feature, [4 / 3, 2 / 3], rtol=0.05)
     obs, *_ = env.step(0)  # a static feature: routing does not move it
-    np.testing.assert_allclose(_node_block(obs, 2)[:, col], feature, rtol=1e-6)
-
-
-def _skew(actions: list[int]) -> float:
-    env = gym.make("BurstBalance-v0", **HETERO)
-    env.reset(seed=1)
-    for a in actions:
-        *_, info = env.step(a)
-    return float(info["metrics"]["skew_index"])
+    np.testing.assert_allclose(node_features(obs, 2)[:, col], feature, rtol=1e-6)
 
 
 def test_skew_index_counts_departures_from_capacity_shares() -> None:
     """Routing in proportion to capacity (two to the fast node for one to the slow) is not skew;
     round-robin over unequal nodes is (shares 1/2, 1/2 against 2/3, 1/3: CV of 0.75 and 1.5)."""
     env = gym.make("BurstBalance-v0", **HETERO)
-    env.reset(seed=0)
     cap = np.asarray(env.unwrapped.params.nodes.capacity_rps)
     n = HETERO["episode_length"]
-    proportional = _skew([0, 0, 1] * (n // 3))
-    balanced = _skew([0, 1] * (n // 2))
-    ratio = cap[0] / cap[1]  # about 2: the proportional split is exact only when it is 2
-    rel = np.array([2 / 3, 1 / 3]) / (cap / cap.sum())
-    assert proportional == pytest.approx(np.std(rel) / np.mean(rel), abs=1e-5)
-    assert proportional < 0.05, (proportional, ratio)
-    rel = np.array([0.5, 0.5]) / (cap / cap.sum())
-    assert balanced == pytest.approx(np.std(rel) / np.mean(rel), abs=1e-5)
+
+    def skew(actions: list[int]) -> float:
+        env.reset(seed=1)
+        for a in actions:
+            *_, info = env.step(a)
+        return float(info["metrics"]["skew_index"])
+
+    def expected(shares: list[float]) -> float:  # CV of the shares over the capacity shares
+        rel = np.array(shares) / (cap / cap.sum())
+        return float(np.std(rel) / np.mean(rel))
+
+    proportional = skew([0, 0, 1] * (n // 3))
+    assert proportional == pytest.approx(expected([2 / 3, 1 / 3]), abs=1e-5)
+    assert proportional < 0.05, (proportional, cap)  # exactly 0 only if the capacities are exactly 2:1
+    balanced = skew([0, 1] * (n // 2))
+    assert balanced == pytest.approx(expected([0.5, 0.5]), abs=1e-5)
     assert balanced > 0.3
