@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from burstgym.latency.cliargs import OneLineParser, float_at_least, int_at_least
 from burstgym.latency.configs import list_models
 from burstgym.latency.engines import DEFAULT_ENGINE
 from burstgym.latency.fit import (  # noqa: F401  (re-exported)
@@ -41,6 +42,7 @@ from burstgym.latency.fit import (  # noqa: F401  (re-exported)
     subset,
 )
 from burstgym.latency.measure import (  # noqa: F401  (re-exported)
+    MIN_MAX_TOKENS,
     Timer,
     calibrate,
     device_description,
@@ -55,7 +57,7 @@ from burstgym.latency.measure import (  # noqa: F401  (re-exported)
 
 def kernels_main(argv: list[str], prog: str = "python -m burstgym.calibrate") -> None:
     """Time a model's kernels on this machine and write a profile."""
-    parser = argparse.ArgumentParser(prog=prog, description=kernels_main.__doc__)
+    parser = OneLineParser(prog=prog, description=kernels_main.__doc__)
     parser.add_argument(
         "--model",
         required=True,
@@ -65,15 +67,27 @@ def kernels_main(argv: list[str], prog: str = "python -m burstgym.calibrate") ->
     parser.add_argument(
         "--out", type=Path, default=Path("my-gpu.json"), help="profile JSON (PNG written beside)"
     )
-    parser.add_argument("--max-tokens", type=int, default=4096, help="largest token count timed")
-    parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument(
-        "--tp", type=int, default=1, help="tensor-parallel degree (times an all-reduce if > 1)"
+        "--max-tokens",
+        type=int_at_least(MIN_MAX_TOKENS),
+        default=4096,
+        help=f"largest token count timed (at least {MIN_MAX_TOKENS}: the linear fit needs token counts "
+        "on both sides of the memory-to-compute knee)",
     )
-    parser.add_argument("--threads", type=int, default=None, help="CPU threads for torch (CPU runs)")
-    parser.add_argument("--gpu-idle-w", type=float, default=0.0, help="idle power of one GPU, W")
-    parser.add_argument("--gpu-busy-w", type=float, default=0.0, help="busy power (e.g. TDP) of one GPU, W")
+    parser.add_argument("--warmup", type=int_at_least(0), default=3, help="untimed runs before each timing")
+    parser.add_argument("--repeats", type=int_at_least(1), default=10, help="timed runs (median kept)")
+    parser.add_argument(
+        "--tp", type=int_at_least(1), default=1, help="tensor-parallel degree (times an all-reduce if > 1)"
+    )
+    parser.add_argument(
+        "--threads", type=int_at_least(1), default=None, help="CPU threads for torch (CPU runs)"
+    )
+    parser.add_argument(
+        "--gpu-idle-w", type=float_at_least(0.0), default=0.0, help="idle power of one GPU, W"
+    )
+    parser.add_argument(
+        "--gpu-busy-w", type=float_at_least(0.0), default=0.0, help="busy power (e.g. TDP) of one GPU, W"
+    )
     parser.add_argument(
         "--engine",
         default=DEFAULT_ENGINE,
@@ -113,7 +127,7 @@ def fit_serving_main(argv: list[str]) -> None:
     """
     from burstgym.latency.serving import fit_serving
 
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="python -m burstgym.calibrate fit-serving",
         description=fit_serving_main.__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,

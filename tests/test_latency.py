@@ -209,6 +209,25 @@ def test_cli_show(capsys: pytest.CaptureFixture[str]) -> None:
     assert "unknown engine" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (["--batches", "-1", "0"], "--batches"),
+        (["--batches", "0"], "--batches"),
+        (["--contexts", "0"], "--contexts"),
+        (["--contexts", "x"], "--contexts"),
+    ],
+)
+def test_cli_show_refuses_bad_flags_in_one_line(
+    flags: list[str], named: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        latency.main(["show", "h100-llama-3-8b-tp1", *flags])
+    assert exit_info.value.code == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1 and f"argument {named}:" in captured.err
+
+
 def test_cli_list_and_engines(capsys: pytest.CaptureFixture[str]) -> None:
     latency.main(["list"])
     assert "h100-llama-3-8b-tp1" in capsys.readouterr().out.split()

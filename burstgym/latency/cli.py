@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import argparse
-
+from burstgym.latency.cliargs import OneLineParser, int_at_least
 from burstgym.latency.engines import DEFAULT_ENGINE, list_engines, load_engine
 from burstgym.latency.profiles import list_profiles, load_profile, show
 
@@ -70,13 +69,25 @@ def _validate(data: str | None) -> int:
 
 def main(argv: list[str] | None = None) -> None:
     """``python -m burstgym.latency show|list|engines|validate``: inspect the shipped profiles."""
-    parser = argparse.ArgumentParser(prog="python -m burstgym.latency", description=main.__doc__)
+    parser = OneLineParser(prog="python -m burstgym.latency", description=main.__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     show_p = sub.add_parser("show", help="table of step times over batch x context")
     show_p.add_argument("profile", help="profile name or path to a profile JSON")
     show_p.add_argument("--engine", default=None, help="recompose with this engine calibration")
-    show_p.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 64, 128, 256])
-    show_p.add_argument("--contexts", type=int, nargs="+", default=[128, 512, 1024, 2048, 4096, 8192])
+    show_p.add_argument(
+        "--batches",
+        type=int_at_least(1),
+        nargs="+",
+        default=[1, 8, 32, 64, 128, 256],
+        help="decoding sequences",
+    )
+    show_p.add_argument(
+        "--contexts",
+        type=int_at_least(1),
+        nargs="+",
+        default=[128, 512, 1024, 2048, 4096, 8192],
+        help="context tokens per sequence",
+    )
     sub.add_parser("list", help="names of the shipped profiles")
     sub.add_parser("engines", help="names and descriptions of the engine calibrations")
     val_p = sub.add_parser("validate", help="refit the engine calibrations and print their held-out errors")
