@@ -13,7 +13,10 @@ end-to-end measurements, per GPU family:
   IJHPCA 2005: ``2 (tp - 1)`` steps), so ``allreduce_fixed_s = 2 layers x 2 (tp - 1) x step``;
   ``None`` keeps the NCCL microbenchmark latency of the kernel fit;
 - ``allreduce_bw_factor``: multiplies the per-token all-reduce time of the NCCL microbenchmark,
-  which already carries the platform's own scaling with the TP degree.
+  which already carries the platform's own scaling with the TP degree;
+- ``frontend_s``: per request, the API server's latency on every token the client receives
+  (request handling and tokenisation before the engine, detokenisation and streaming after it),
+  added to `LatencyModel.frontend_s`; 0 for an engine measured without an HTTP front end.
 
 The step-time formula (`burstgym.latency.model.step_time`) is unchanged: an engine only moves
 coefficients. Per-layer terms scale with the model's layers, all-reduce terms with its layers,
@@ -44,6 +47,7 @@ class EngineTerms:
     layer_s: float = 0.0  # per layer per iteration (launch gaps between the layer's kernels)
     allreduce_step_s: float | None = None  # one ring step of one all-reduce; None: NCCL microbenchmark
     allreduce_bw_factor: float = 1.0  # multiplies the NCCL microbenchmark's per-token all-reduce time
+    frontend_s: float = 0.0  # per request: the API server's latency on every token the client gets
 
 
 @dataclass(frozen=True)
@@ -157,4 +161,5 @@ def apply_engine(kernels: LatencyModel, terms: EngineTerms, model: ModelConfig, 
         kernel_fixed_s=kernels.kernel_fixed_s + layers * terms.layer_s,
         allreduce_fixed_s=allreduce_fixed,
         allreduce_token_s=kernels.allreduce_token_s * terms.allreduce_bw_factor,
+        frontend_s=kernels.frontend_s + terms.frontend_s,
     )

@@ -113,6 +113,8 @@ def compose_kernels(gpu: GPUConstants, model: ModelConfig, tp: int, serving: boo
         prefill_pair_s=layers * model.pair_flops(tp) / gpu.attn_flops,
         allreduce_fixed_s=allreduce_fixed,
         allreduce_token_s=allreduce_token,
+        expert_weights_s=model.expert_weight_bytes(tp) / gpu.mem_bw,
+        expert_fraction=model.expert_fraction(),
     )
 
 
@@ -343,7 +345,19 @@ def profile_from_dict(data: Any, where: str) -> Profile:
     if not isinstance(data, dict):
         raise ValueError(f"{where}: expected a JSON object")
     lat = _section(data, "latency", where)
-    latency = LatencyModel(*(_number(lat, f, f"{where} [latency]") for f in LatencyModel._fields))
+    # Fields with a default (MoE terms, front-end latency) may be absent from older files.
+    latency = LatencyModel(
+        **{
+            f: _number(lat, f, f"{where} [latency]")
+            for f in LatencyModel._fields
+            if f in lat or f not in LatencyModel._field_defaults
+        }
+    )
+    if not 0.0 <= float(latency.expert_fraction) <= 1.0:
+        raise ValueError(f"{where} [latency]: field 'expert_fraction' must be in [0, 1]")
+    for key in ("expert_weights_s", "frontend_s"):
+        if getattr(latency, key) < 0:
+            raise ValueError(f"{where} [latency]: field {key!r} must be >= 0")
     for key in ("knee_p", "tile_tokens"):
         if getattr(latency, key) <= 0:
             raise ValueError(f"{where} [latency]: field {key!r} must be positive")
@@ -357,8 +371,8 @@ def profile_from_dict(data: Any, where: str) -> Profile:
         else:
             gpu_kwargs[f.name] = _number(gpu_data, f.name, f"{where} [gpu]")
     model_data = _section(data, "model", where)
-    model_kwargs = {f.name: model_data.get(f.name) for f in fields(ModelConfig)}
-    missing = [k for k, v in model_kwargs.items() if v is None]
+    model_kwargs = {f.name: model_data.get(f.name, f.default) for f in fields(ModelConfig)}
+    missing = [k for k, v in model_kwargs.items() if v is None or v is dataclasses.MISSING]
     if missing:
         raise ValueError(f"{where} [model]: missing field {missing[0]!r}")
     power = _section(data, "power", where)
