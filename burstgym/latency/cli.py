@@ -1,10 +1,11 @@
-"""``python -m burstgym.latency show|list|engines|validate``: inspect profiles, engines and fits."""
+"""``python -m burstgym.latency show|list|gpus|models|engines|validate``: profiles, engines, fits."""
 
 from __future__ import annotations
 
 from burstgym.latency.cliargs import OneLineParser, int_at_least
+from burstgym.latency.configs import list_models
 from burstgym.latency.engines import DEFAULT_ENGINE, list_engines, load_engine
-from burstgym.latency.profiles import list_profiles, load_profile, show
+from burstgym.latency.profiles import list_gpus, list_profiles, load_gpu, load_profile, show
 
 
 def _validate(data: str | None) -> int:
@@ -89,6 +90,8 @@ def main(argv: list[str] | None = None) -> None:
         help="context tokens per sequence",
     )
     sub.add_parser("list", help="names of the shipped profiles")
+    sub.add_parser("gpus", help="GPUs profiles compose on (<gpu>-<model>-tp<N>), with their source")
+    sub.add_parser("models", help="shipped model architectures (<gpu>-<model>-tp<N>)")
     sub.add_parser("engines", help="names and descriptions of the engine calibrations")
     val_p = sub.add_parser("validate", help="refit the engine calibrations and print their held-out errors")
     val_p.add_argument(
@@ -97,6 +100,15 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.command == "list":
         print("\n".join(list_profiles()))
+        return
+    if args.command == "gpus":
+        for key in list_gpus():
+            family = load_gpu(key)
+            source = family.provenance
+            print(f"{key}: {family.gpu.name} ({source.get('kind')}): {source.get('detail')}")
+        return
+    if args.command == "models":
+        print("\n".join(list_models()))
         return
     if args.command == "engines":
         for name in list_engines():
