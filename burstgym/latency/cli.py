@@ -8,6 +8,46 @@ from burstgym.latency.engines import DEFAULT_ENGINE, list_engines, load_engine
 from burstgym.latency.profiles import list_gpus, list_profiles, load_gpu, load_profile, show
 
 
+def _validate_blis(root: str, engine: str, jobs: int | None) -> int:
+    """Replay the inference-sim runs and print the validation table (docs/latency.md)."""
+    from burstgym.latency import blis
+
+    try:
+        names = blis.run_names(root)
+    except ValueError as err:
+        print(f"{err}; nothing validated")
+        return 0
+    print(f"{len(names)} runs of {root}, replayed on H100 profiles with engine {engine}")
+    print(blis.table(blis.validate_runs(root, engine, jobs)))
+    print(
+        f"BLIS: {blis.BLIS_SOURCE} (its predictions of the run's means; ITL over the client's token counts)"
+    )
+    return 0
+
+
+def _validate_tp8(csv_file: str) -> int:
+    """Print the splitwise-2023 engine's held-out error on Splitwise's TP8 runs."""
+    from pathlib import Path
+
+    from burstgym.latency import validate
+
+    path = Path(csv_file)
+    if not path.is_file():
+        print(f"{path}: no such file (splitwise-sim's data/perf_model.csv); nothing validated")
+        return 0
+    print("splitwise-2023 (fitted on TP2 and TP4) predicting Llama-2-70B at TP8, never fitted:")
+    for r in validate.splitwise_tp8(path, validate.shipped_gpus()):
+        print(
+            f"  {r['gpu'].upper()}: decode MAPE {100 * r['decode_mape']:.1f}% ({r['decode_points']} points), "
+            f"prefill MAPE {100 * r['prefill_mape']:.1f}% ({r['prefill_points']} points)"
+        )
+        errors = [
+            f"{int(x['batch'])}x{int(x['tokens'])} {100 * x['error']:+.0f}%" for x in r["residuals_prefill"]
+        ]
+        print("    prefill errors (prompts x tokens): " + ", ".join(errors))
+    return 0
+
+
 def _validate(data: str | None) -> int:
     """Print the held-out tables of the shipped calibrations (needs the calibration data)."""
     from burstgym.latency import validate
@@ -97,6 +137,18 @@ def main(argv: list[str] | None = None) -> None:
     val_p.add_argument(
         "--data", default=None, help="calibration folder (default: ../shared/data/calibration)"
     )
+    val_p.add_argument(
+        "--blis",
+        default=None,
+        help="instead: replay the inference-sim runs of this checkout of inference-sim/training (ab8e76b)",
+    )
+    val_p.add_argument("--engine", default="vllm-serve", help="engine the --blis runs are replayed with")
+    val_p.add_argument(
+        "--splitwise-tp8",
+        default=None,
+        help="instead: predict the TP8 runs of splitwise-sim's data/perf_model.csv (8f99e7d) at this path",
+    )
+    val_p.add_argument("--jobs", type=int_at_least(1), default=None, help="worker processes (--blis)")
     args = parser.parse_args(argv)
     if args.command == "list":
         print("\n".join(list_profiles()))
@@ -116,6 +168,10 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{name}{mark}: {load_engine(name).description}")
         return
     if args.command == "validate":
+        if args.blis:
+            raise SystemExit(_validate_blis(args.blis, args.engine, args.jobs))
+        if args.splitwise_tp8:
+            raise SystemExit(_validate_tp8(args.splitwise_tp8))
         raise SystemExit(_validate(args.data))
     try:
         profile = load_profile(args.profile, engine=args.engine)

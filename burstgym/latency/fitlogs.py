@@ -254,10 +254,12 @@ def fit_terms(
     use: Sequence[np.ndarray] | None = None,
     iterations: int = 12,
     log: Callable[[str], None] = print,
+    start: dict[str, float] | None = None,
 ) -> tuple[list[EngineTerms], list[dict[str, np.ndarray]]]:
     """Fit the ``free`` terms shared by ``cases`` (each case keeps its own base terms otherwise).
 
     :param use: per case, a bool per scored window: which windows enter the fit (default: all).
+    :param start: starting values of some free terms (default: the base engine's, else `START`).
     :returns: the fitted terms per case and the window means under them.
     """
     unknown = [k for k in free if k not in BOUNDS]
@@ -269,16 +271,16 @@ def fit_terms(
         if terms.allreduce_step_s is None:
             terms = replace(terms, allreduce_step_s=START["allreduce_step_s"])
         base.append(terms)
-    start = []
+    x0 = []
     for k in free:
-        value = getattr(base[0], k)
-        start.append(math.log(value if value and value > 0 else START[k]))
+        value = (start or {}).get(k, getattr(base[0], k))
+        x0.append(math.log(value if value and value > 0 else START[k]))
     n_windows = [len(set(c.window[c.window >= 0].tolist())) for c in cases]
     use_l = [np.ones(n, bool) for n in n_windows] if use is None else [np.asarray(u, bool) for u in use]
     problem = _Problem(list(cases), base, list(free), use_l, replayer)
     lo = np.log([BOUNDS[k][0] for k in free])
     hi = np.log([BOUNDS[k][1] for k in free])
-    x, means = _levenberg_marquardt(problem, np.asarray(start), lo, hi, iterations, log)
+    x, means = _levenberg_marquardt(problem, np.asarray(x0), lo, hi, iterations, log)
     return [problem.terms(i, x) for i in range(len(cases))], means
 
 
@@ -302,9 +304,13 @@ def fit_logs(
     iterations: int = 12,
     name: str = "fitted",
     log: Callable[[str], None] = print,
+    groups: Sequence[str] | None = None,
+    start: dict[str, float] | None = None,
 ) -> tuple[Engine, dict[str, Any]]:
     """Fit an engine to ``cases`` (all on one GPU family) and cross-validate it.
 
+    :param groups: per case, the fold it is held out with (default: each log on its own), e.g. the
+        model, so that the held-out error is that of a model never fitted.
     :returns: the engine and a report: fitted terms, in-sample and held-out errors per log.
     """
     if not cases:
@@ -318,7 +324,7 @@ def fit_logs(
     replayer = Replayer(jobs if jobs is not None else min(os.cpu_count() or 1, len(cases) * (len(free) + 1)))
     try:
         log(f"fitting {', '.join(free)} to {len(cases)} log(s)")
-        terms, means = fit_terms(cases, free, replayer, iterations=iterations, log=log)
+        terms, means = fit_terms(cases, free, replayer, iterations=iterations, log=log, start=start)
         final = replayer([(c, terms[i]) for i, c in enumerate(cases)])
         report: dict[str, Any] = {
             "fitted_terms": list(free),
@@ -333,7 +339,9 @@ def fit_logs(
             ],
         }
         if cross_validate:
-            report["cross_validation"] = _cross_validate(cases, free, replayer, iterations, log)
+            report["cross_validation"] = _cross_validate(
+                cases, free, replayer, iterations, log, groups, start
+            )
     finally:
         replayer.close()
     key = keys.pop()
@@ -362,23 +370,29 @@ def _cross_validate(
     replayer: Replayer,
     iterations: int,
     log: Callable[[str], None],
+    groups: Sequence[str] | None = None,
+    start: dict[str, float] | None = None,
 ) -> dict[str, Any]:
-    """Leave one log out (two or more logs), or fit the first half of one log's windows and predict
-    the second half; the held-out mean TTFT, ITL and E2E errors."""
+    """Leave one group of logs out (two or more logs; a group per log by default), or fit the first
+    half of one log's windows and predict the second half; the held-out mean TTFT, ITL and E2E errors."""
     folds = []
-    if len(cases) >= 2:
-        for i, held in enumerate(cases):
-            rest = [c for j, c in enumerate(cases) if j != i]
-            log(f"cross-validation: fit without {held.name}")
+    labels = list(groups) if groups is not None else [c.name for c in cases]
+    if len(cases) >= 2 and len(set(labels)) >= 2:
+        for label in dict.fromkeys(labels):
+            held = [c for c, g in zip(cases, labels, strict=True) if g == label]
+            rest = [c for c, g in zip(cases, labels, strict=True) if g != label]
+            log(f"cross-validation: fit without {label}")
             multi_tp = any(c.profile.tp > 1 for c in rest)
             sub = [k for k in free if multi_tp or k not in TP_TERMS]
-            terms, _ = fit_terms(rest, sub, replayer, iterations=iterations, log=log)
-            held_terms = replace(
-                held.profile.engine_terms or EngineTerms(), **{k: getattr(terms[0], k) for k in sub}
-            )
-            ttft, e2e = replayer([(held, held_terms)])[0]
-            folds.append({"held_out": held.name, "fitted": sub, **summary_errors(held, ttft, e2e)})
-        return {"method": "leave one log out", "folds": folds}
+            terms, _ = fit_terms(rest, sub, replayer, iterations=iterations, log=log, start=start)
+            fitted = {k: getattr(terms[0], k) for k in sub}
+            work = [(c, replace(c.profile.engine_terms or EngineTerms(), **fitted)) for c in held]
+            for c, (ttft, e2e) in zip(held, replayer(work), strict=True):
+                folds.append(
+                    {"held_out": c.name, "fold": label, "fitted": sub, **summary_errors(c, ttft, e2e)}
+                )
+        method = "leave one log out" if groups is None else "leave one group out"
+        return {"method": method, "folds": folds}
     case = cases[0]
     windows = sorted(set(case.window[case.window >= 0].tolist()))
     half = len(windows) // 2
@@ -386,7 +400,7 @@ def _cross_validate(
         return {"method": "none (one window)", "folds": []}
     use = np.arange(len(windows)) < half
     log(f"cross-validation: fit the first {half} of {len(windows)} windows of {case.name}")
-    terms, _ = fit_terms([case], free, replayer, use=[use], iterations=iterations, log=log)
+    terms, _ = fit_terms([case], free, replayer, use=[use], iterations=iterations, log=log, start=start)
     ttft, e2e = replayer([(case, terms[0])])[0]
     held = replace(case, window=np.where(np.isin(case.window, windows[half:]), case.window, -1))
     folds.append(

@@ -190,7 +190,8 @@ def replay(log: ServingLog, profile: Profile, settings: ReplaySettings) -> Repla
     """Send every request of ``log`` at its recorded time to one simulated node of ``profile``.
 
     Requests that failed in the log are sent too (they loaded the server) with the output tokens
-    the log counted (at least one), and left out of the statistics.
+    the log counted (at least one), and left out of the statistics; a failed request whose prompt the
+    log does not count is not sent.
     """
     from burstgym.reference import RefNode, simulate
 
@@ -205,17 +206,20 @@ def replay(log: ServingLog, profile: Profile, settings: ReplaySettings) -> Repla
         queue_capacity=2**31 - 1,
         prefix_caching=settings.prefix_caching,
     )
-    output = np.maximum(log.output_tokens, 1)
+    sent = log.prompt_tokens >= 1
+    part = log.subset(sent)
     result = simulate(
         [node],
-        log.arrival_s,
-        log.prompt_tokens,
-        output,
-        np.zeros(len(log), dtype=np.int64),
-        **_prefix_chunks(log, settings),
+        part.arrival_s,
+        part.prompt_tokens,
+        np.maximum(part.output_tokens, 1),
+        np.zeros(len(part), dtype=np.int64),
+        **_prefix_chunks(part, settings),
     )
-    ttft = np.where(log.ok, result.ttft, np.nan)
-    e2e = np.where(log.ok, result.e2e_latency, np.nan)
+    ttft = np.full(len(log), np.nan)
+    e2e = np.full(len(log), np.nan)
+    ttft[sent] = np.where(part.ok, result.ttft, np.nan)
+    e2e[sent] = np.where(part.ok, result.e2e_latency, np.nan)
     return ReplayResult(log, settings, profile.name, profile.engine, ttft, e2e)
 
 

@@ -53,7 +53,7 @@ class ServingLog:
     source: str  # the file (and truth file) read
     format: str  # one of FORMATS
     arrival_s: np.ndarray  # float64, seconds since the first request was sent
-    prompt_tokens: np.ndarray  # int64, >= 1
+    prompt_tokens: np.ndarray  # int64, >= 1 (0: a failed request whose prompt the log does not count)
     output_tokens: np.ndarray  # int64, >= 0 (tokens the client counted)
     ok: np.ndarray  # bool, the request succeeded (failed ones carry no latency)
     ttft_s: np.ndarray  # float64, measured TTFT (NaN where unknown or failed)
@@ -225,7 +225,7 @@ def read_inference_sim(path: str | Path, truth: str | Path | None) -> ServingLog
         if not isinstance(group, (str, int)) or isinstance(group, bool):
             raise ValueError(f"{where}: field 'prefix_group': expected a string, got {group!r}")
         cols["sent"].append(_int(rec.get("arrival_time_us"), where, "arrival_time_us", 0) * 1e-6)
-        cols["prompt"].append(_int(rec.get("input_tokens"), where, "input_tokens", 1))
+        cols["prompt"].append(_int(rec.get("input_tokens"), where, "input_tokens", int(ok)))
         cols["output"].append(_int(rec.get("output_tokens"), where, "output_tokens", 0))
         cols["ok"].append(ok)
         cols["ttft"].append(ttft)
@@ -279,7 +279,7 @@ def read_vllm_bench(path: str | Path) -> ServingLog:
             raise ValueError(f"{where}: field 'errors': expected a string, got {error!r}")
         ok = error == ""
         cols["sent"].append(_seconds(data["start_times"][i], where, "start_times", -math.inf))
-        cols["prompt"].append(_int(data["input_lens"][i], where, "input_lens", 1))
+        cols["prompt"].append(_int(data["input_lens"][i], where, "input_lens", int(ok)))
         cols["output"].append(_int(data["output_lens"][i], where, "output_lens", 0))
         cols["ok"].append(ok)
         if not ok:
@@ -320,7 +320,7 @@ def read_inference_perf(path: str | Path) -> ServingLog:
         start = _seconds(rec.get("start_time"), where, "start_time", -math.inf)
         ok = rec.get("error") is None
         cols["sent"].append(start)
-        cols["prompt"].append(_int(info.get("input_tokens"), where, "info.input_tokens", 1))
+        cols["prompt"].append(_int(info.get("input_tokens"), where, "info.input_tokens", int(ok)))
         cols["output"].append(_int(info.get("output_tokens"), where, "info.output_tokens", 0))
         cols["ok"].append(ok)
         if not ok:
@@ -412,7 +412,7 @@ def read_gateway_csv(path: str | Path) -> ServingLog:
             raise ValueError(f"{where}: field 'status': expected an HTTP status code, got {status!r}")
         ok = not status or int(status) < 400
         cols["sent"].append(_start_time(row["start_time"], where))
-        cols["prompt"].append(_int(number("prompt_tokens"), where, "prompt_tokens", 1))
+        cols["prompt"].append(_int(number("prompt_tokens"), where, "prompt_tokens", int(ok)))
         cols["output"].append(_int(number("completion_tokens"), where, "completion_tokens", 0))
         cols["ok"].append(ok)
         group = row.get("prefix_group", "")
