@@ -163,6 +163,11 @@ def fit_serving_main(argv: list[str]) -> None:
             )
 
 
+# Request logs are measured by clients through a serving engine's API: replay and fit them with the
+# engine calibrated that way (burstgym/latency/engines/vllm-serve.json) unless told otherwise.
+SERVED_ENGINE = "vllm-serve"
+
+
 def _add_server_flags(parser: argparse.ArgumentParser) -> None:
     """Flags for the serving settings a log may not state (each overrides the log's)."""
     parser.add_argument("--max-num-seqs", type=int_at_least(1), default=None, help="running-set limit")
@@ -208,7 +213,12 @@ def replay_main(argv: list[str]) -> None:
         required=True,
         help="profile name (e.g. h100-llama-2-70b-tp4, any TP of a known model and GPU) or JSON path",
     )
-    parser.add_argument("--engine", default=None, help="recompose the profile with this engine calibration")
+    parser.add_argument(
+        "--engine",
+        default=SERVED_ENGINE,
+        help=f"engine calibration the profile is composed with (default {SERVED_ENGINE}: vLLM's OpenAI "
+        "server measured end to end, front end included; a path to an engine JSON works too)",
+    )
     _add_server_flags(parser)
     parser.add_argument("--json", type=Path, default=None, help="write the summary here")
     parser.add_argument(
@@ -282,6 +292,11 @@ def fit_logs_main(argv: list[str]) -> None:
         "--profile", action="append", required=True, help="base profile: once for all logs, or once per log"
     )
     parser.add_argument(
+        "--engine",
+        default=SERVED_ENGINE,
+        help=f"base engine: its terms start the fit and stay where not fitted (default {SERVED_ENGINE})",
+    )
+    parser.add_argument(
         "--truth",
         type=Path,
         action="append",
@@ -345,7 +360,7 @@ def fit_logs_main(argv: list[str]) -> None:
             log = read_log(path, fmt, truth)
             if out_tokens is not None:
                 log = log.with_output_tokens(out_tokens)
-            profile = load_profile(name)
+            profile = load_profile(name, engine=args.engine)
             settings = replay_settings(
                 log, profile, prefix_caching=not args.no_prefix_caching, prefix_tokens=prefix
             )

@@ -112,3 +112,15 @@ def test_the_checkout_holds_what_the_docs_say() -> None:
     assert 0.3 < short.mean() < 0.4
     decode = raw.e2e_s - raw.ttft_s
     assert np.mean(decode[short]) == pytest.approx(np.mean(decode[~short]), rel=0.02)
+
+
+@needs_blis
+def test_replaying_a_run_reproduces_the_shipped_engines_report() -> None:
+    """One run replayed now gives the errors recorded with the vllm-serve engine (and docs/latency.md)."""
+    from burstgym.latency import load_engine
+
+    name = "20260217-162547-llama-2-7b-tp1-roleplay"
+    [row] = blis.validate_runs(DATA, "vllm-serve", jobs=1, runs=[blis.load_run(DATA, name)])
+    [recorded] = [r for r in load_engine("vllm-serve").provenance["report"]["runs"] if r["run"] == name]
+    for metric in ("ttft", "itl", "e2e"):
+        assert row["error"][metric] == pytest.approx(recorded["error"][metric], abs=1e-3)

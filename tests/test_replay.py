@@ -150,7 +150,10 @@ def test_replay_cli_prints_writes_json_and_cdf_plot(
 ) -> None:
     path, truth = write_log("inference-sim", run, tmp_path)
     out = tmp_path / "replay.json"
-    cal.main(["replay", str(path), "--truth", str(truth), "--profile", PROFILE, "--json", str(out)])
+    cal.main(["replay", str(path), "--truth", str(truth), "--profile", PROFILE])
+    assert "engine vllm-serve" in capsys.readouterr().out  # the default: served vLLM, front end included
+    argv = ["replay", str(path), "--truth", str(truth), "--profile", PROFILE, "--engine", "vllm-ci"]
+    cal.main([*argv, "--json", str(out)])
     printed = capsys.readouterr().out
     assert "ttft   mean" in printed and "e2e    p99" in printed and "engine vllm-ci" in printed
     data = json.loads(out.read_text())
@@ -328,8 +331,10 @@ def test_fit_logs_recovers_known_terms_with_held_out_error(run, tmp_path: Path) 
     assert all(abs(e) < 0.02 for e in fold["error"].values()), fold
     # the CLI writes a profile the simulator takes, and the engine
     out, eng = tmp_path / "mine.json", tmp_path / "mine-engine.json"
-    cal.main(["fit-logs", str(path), "--profile", PROFILE, "--fit", "overhead_s,frontend_s", "--jobs", "1",
-              "--no-cv", "--out", str(out), "--engine-out", str(eng)])  # fmt: skip
+    flags = ["--engine", "vllm-ci", "--fit", "overhead_s,frontend_s", "--jobs", "1", "--no-cv"]
+    cal.main(
+        ["fit-logs", str(path), "--profile", PROFILE, *flags, "--out", str(out), "--engine-out", str(eng)]
+    )
     mine = load_profile(out)
     assert float(mine.latency.frontend_s) == pytest.approx(0.011, rel=0.05)
     assert load_profile(PROFILE, engine=eng).engine == "fitted"
