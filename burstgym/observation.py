@@ -93,6 +93,7 @@ class RouterView(NamedTuple):
     cache_used: jax.Array  # float, fraction of KV blocks the prefix cache holds
     capacity: jax.Array  # float, requests/s the node sustains
     prefill_rate: jax.Array  # float, prompt tokens/s the node prefills in full iterations (its budget)
+    kv_tokens: jax.Array  # float, tokens the node's KV cache holds (blocks x block size)
     accepts: jax.Array  # bool, the node would accept the request (its queue is not full)
     block_size: jax.Array  # int32, tokens per KV block
     prompt: jax.Array  # [] float, the arriving request's prompt tokens
@@ -192,6 +193,7 @@ def router_view(state: State, params: EnvParams, cfg: EnvConfig) -> RouterView:
         cache_used=(cached_blocks / jnp.maximum(p.kv_blocks, 1)).astype(dtype),
         capacity=p.capacity_rps,
         prefill_rate=prefill_rate(params),
+        kv_tokens=(p.kv_blocks * p.block_size).astype(dtype),
         accepts=~would_drop(state.slots, params),
         block_size=p.block_size,
         prompt=req.prompt[k].astype(dtype),

@@ -48,6 +48,7 @@ def random_view(rng: np.random.Generator) -> RouterView:
         cache_used=rng.random(N).astype(F32),
         capacity=np.ones(N, F32),
         prefill_rate=np.full(N, 10000.0, F32),
+        kv_tokens=np.full(N, 460080.0, F32),
         accepts=np.ones(N, bool),
         block_size=np.full(N, 16, np.int32),
         prompt=prompt,

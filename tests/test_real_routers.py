@@ -203,6 +203,7 @@ def views(
         hit_tokens=match[perms].astype(np.float32), cached_tokens=tree[perms].astype(np.float32),
         cache_used=z,
         capacity=np.ones((b, N_WORKERS), np.float32), prefill_rate=np.ones((b, N_WORKERS), np.float32),
+        kv_tokens=np.ones((b, N_WORKERS), np.float32),
         accepts=np.ones((b, N_WORKERS), bool), block_size=np.ones((b, N_WORKERS), np.int32),
         prompt=np.full(b, prompt, np.float32), prefix_key=np.full(b, -1, np.int32),
         chunk_ids=np.zeros((b, 0), np.int32), chunk_end=np.zeros((b, 0), np.int32),
@@ -215,7 +216,7 @@ def run_router(name: str, n_requests: int = 1200, seed: int = 0, rule: str | Non
     """Drive the real router `name` through `script` and compare each decision with burstgym's
     rule (`rule`, default the one restating that router)."""
     rule_name, command, _, _, path = ROUTERS[name]
-    rule = make_rule(rule or rule_name)
+    rule = make_rule(rule or rule_name, cache_view="engine")  # the view carries the matches computed here
     decide = _decide_fn(rule)
     perms = np.array(list(permutations(range(N_WORKERS))))  # perms[0] is the router's own order
     lock = threading.Condition()

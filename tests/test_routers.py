@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from agents.routers import ROUTERS, BatchedRouter, make_router, make_rule
+from agents.routers.base import Affinity
 from burstgym.observation import RouterView
 from burstgym.routing import FAMILIES, Router, takes_part
 from burstgym.types import BUSY, IDLE
@@ -24,18 +25,27 @@ def view(b: int = 1, n: int = N, **fields) -> RouterView:
     base = dict(
         running=z, waiting=z, kv_util=z, kv_used=z, prefill_tokens=z, prompt_tokens=z, window_age=z,
         phase=np.full((b, n), IDLE), hit_tokens=z, cached_tokens=z, cache_used=z,
-        capacity=np.ones((b, n)), prefill_rate=np.full((b, n), 10_000.0), accepts=np.ones((b, n), bool),
+        capacity=np.ones((b, n)), prefill_rate=np.full((b, n), 10_000.0),
+        kv_tokens=np.full((b, n), 460_080.0), accepts=np.ones((b, n), bool),
         block_size=np.full((b, n), 16), prompt=np.full(b, 1000.0), prefix_key=np.full(b, -1),
         chunk_ids=np.full((b, 0), -1, np.int32), chunk_end=np.zeros((b, 0), np.int32),
         step=np.ones(b, np.int32), since_last=np.zeros(b), rate=np.ones(b), time_to_go=np.ones(b),
         clock=np.zeros(b),
     )  # fmt: skip
     for k, v in fields.items():
+        if k in ("chunk_ids", "chunk_end"):  # [b, B]: as many chunks as given
+            base[k] = np.asarray(v, np.int32)
+            continue
         base[k] = np.broadcast_to(np.asarray(v, dtype=np.asarray(base[k]).dtype), np.shape(base[k])).copy()
     return RouterView(**base)
 
 
 def pick(name: str, v: RouterView, mask=None, n: int = N, **params) -> np.ndarray:
+    """The router's actions on `v`; a prefix-aware rule reads the view's cache (`hit_tokens`,
+    `cached_tokens`) unless told otherwise: these cases give each node's match directly (the
+    routers' own indexes are tested at the end)."""
+    if issubclass(ROUTERS[name], Affinity):
+        params.setdefault("cache_view", "engine")
     router = make_router(name, n, **params)
     router.reset(v.running.shape[0])
     return router(None, mask, v)
@@ -255,3 +265,100 @@ def test_lmetric_multiplies_new_prefill_tokens_by_requests_in_flight():
     assert pick("lmetric", v)[0] == 2
     v = view(hit_tokens=[[0, 512, 512, 0]], running=[[2, 3, 5, 1]])  # 2000, 1464, 2440, 1000
     assert pick("lmetric", v)[0] == 3
+
+
+# ------------------------------------------------------------------ the routers' own cache index
+
+
+def chunked(
+    ids: list[int], prompt: float = 1000.0, step: int = 1, clock: float = 0.0, **fields
+) -> RouterView:
+    """One cluster's view of a request whose prompt is made of the chunk ids `ids` (250 tokens
+    each), with an empty engine cache unless `fields` say otherwise."""
+    b = len(ids)
+    ends = np.minimum(250 * np.arange(1, b + 1), prompt)
+    return view(
+        1,
+        prompt=[prompt],
+        chunk_ids=np.asarray([ids], np.int32),
+        chunk_end=np.asarray([ends], np.int32),
+        step=[step],
+        clock=[clock],
+        **fields,
+    )
+
+
+class Episode:
+    """A batched router stepped through requests of one cluster."""
+
+    def __init__(self, name: str, **params):
+        self.router = make_router(name, N, **params)
+        self.router.reset(1)
+        self.step = 0
+
+    def __call__(self, ids: list[int], **fields) -> int:
+        v = chunked(ids, step=self.step, **fields)
+        self.step += 1
+        return int(self.router(None, None, v)[0])
+
+
+def test_router_view_matches_what_it_routed_at_routing_time():
+    """SGLang's tree holds a prompt from the moment it routes it: a request sharing its first two
+    chunks follows it even though the engine has cached nothing yet; reading the engine's cache
+    instead, it goes to the least loaded node."""
+    for name in ("sglang-cache-aware", "vllm-router", "prefix-aware"):
+        ep = Episode(name)
+        first = ep([1, 2, 3, 4], running=[[5, 5, 0, 5]])  # a miss: the least loaded, node 2
+        assert first == 2
+        assert ep([1, 2, 9, 10], running=[[0, 5, 6, 5]]) == 2  # 500 of 1000 tokens held there
+        engine = Episode(name, cache_view="engine")
+        engine([1, 2, 3, 4], running=[[5, 5, 0, 5]])
+        assert engine([1, 2, 9, 10], running=[[0, 5, 6, 5]]) in (
+            (0,) if name != "prefix-aware" else (0, 1, 2, 3)
+        )
+    assert make_rule("sglang-cache-aware", cache_view="engine").name == "sglang-cache-aware@engine"
+    assert make_rule("dynamo-kv", cache_view="engine").name == "dynamo-kv"  # it reads KV events anyway
+    with pytest.raises(ValueError, match="cache_view must be one of router, engine"):
+        make_rule("llm-d", cache_view="tree")
+
+
+def test_router_index_forgets_a_new_episode_and_tracks_tree_size():
+    ep = Episode("sglang-cache-aware-v0.2.3")
+    assert ep([1, 2, 3, 4], running=[[5, 5, 0, 5]]) == 0  # a miss goes to the smallest tree: all 0
+    # node 0 now holds 1000 tokens: the next miss goes to node 1 (smallest tree, first of the ties)
+    assert ep([7, 8, 9, 10], running=[[0, 9, 9, 9]]) == 1
+    ep.step = 0  # an auto-reset: chunk ids of the new episode mean other prompts
+    assert ep([1, 2, 3, 4], running=[[5, 5, 5, 5]]) == 0
+
+
+def test_llm_d_index_is_an_lru_sized_to_the_node_kv_cache():
+    ep = Episode("llm-d")
+    loads = [[0, 0, 0, 9000]]  # node 3 carries in-flight tokens: routed elsewhere unless sticky
+    node = ep([1, 2, 3, 4], prompt_tokens=loads, kv_tokens=[[2000.0] * N])
+    assert ep([1, 2, 3, 4], prompt_tokens=loads, kv_tokens=[[2000.0] * N]) == node  # sticky
+    # 2000 KV tokens hold 8 chunks of 250: after 2 more prompts of 4 chunks on that node, the
+    # first prompt's chunks are gone and it is not sticky any more
+    for ids in ([11, 12, 13, 14], [21, 22, 23, 24]):
+        ep(ids, prompt_tokens=[[0 if i == node else 9000 for i in range(N)]], kv_tokens=[[2000.0] * N])
+    others = [[9000 if i == node else 0 for i in range(N)]]
+    freq = [ep([1, 2, 3, 4], prompt_tokens=others, kv_tokens=[[2000.0] * N]) for _ in range(1)]
+    assert freq[0] != node
+
+
+def test_aibrix_index_is_shared_by_every_pod_and_forgets_after_twenty_minutes():
+    ep = Episode("aibrix-prefix")
+    a = ep([1, 2, 3, 4], running=[[0, 1, 1, 1]])
+    assert a == 0  # no match anywhere: the fewest requests
+    # the same prompt prefix, node 2 least loaded but node 0 within mean + std (1.75 + 0.5): the
+    # match wins
+    assert ep([1, 2, 5, 6], running=[[2, 2, 1, 2]], clock=60.0) == 0
+    # node 0 above mean + std (3.5 + 3.7): the fewest requests, node 2, which records chunks 1, 2
+    # beside node 0's in the one shared table
+    assert ep([1, 2, 7, 8], running=[[9, 2, 1, 2]], clock=61.0) == 2
+    # chunks 1, 2 now match on nodes 0 and 2; node 0 too busy: node 2, not a random least loaded
+    assert ep([1, 2, 11, 12], running=[[9, 2, 2, 2]], clock=62.0) == 2
+    # 20 minutes after their last use the index has forgotten them: the fewest requests
+    assert ep([1, 2, 5, 6], running=[[2, 2, 1, 2]], clock=62.0 + 1201.0) == 2
+    # a second later nodes 0 and 2 hold the whole prompt again (node 0's bits were kept with
+    # chunks 1, 2, whose use by node 2 refreshed them): equal matches, node 0 has fewer requests
+    assert ep([1, 2, 5, 6], running=[[1, 2, 2, 2]], clock=62.0 + 1202.0) == 0

@@ -18,6 +18,7 @@ from typing import ClassVar
 import jax.numpy as jnp
 
 from agents.routers.base import Affinity, argmin, outstanding
+from agents.routers.index import IndexSpec
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,9 @@ class AIBrixPrefix(Affinity):
     at random)."""
 
     name: ClassVar[str] = "aibrix-prefix"
+    # prefixcacheindexer: one table of block hashes -> pods for every pod, 200000 blocks of 4
+    # characters (about 200000 tokens at 4 characters per token), LRU, 20 minutes unused
+    index: ClassVar[IndexSpec] = IndexSpec(capacity=8192, shared=True, token_limit=200_000.0, ttl_s=1200.0)
     imbalance_abs_count: float = 8.0
     std_factor: float = 1.0
 

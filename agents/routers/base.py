@@ -17,6 +17,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from agents.routers.index import IndexSpec, held_tokens, record
+from agents.routers.index import empty as empty_index
+from agents.routers.index import matched as index_matched
 from burstgym.observation import RouterView
 
 
@@ -145,22 +148,52 @@ class BatchedRouter:
         return np.asarray(actions).astype(np.int64)
 
 
+CACHE_VIEWS = ("router", "engine")
+
+
 @dataclass(frozen=True)
 class Affinity(Rule):
     """Base of the prefix-aware rules: `matched` gives each node's cached leading prompt tokens for
     the arriving request and `tree_size` the tokens each node's cache holds, as the rule sees them;
-    `routed` records the decision in the rule's own state."""
+    `routed` records the decision in the rule's own state.
+
+    `cache_view` says which cache the rule reads: "router" (default) the index its real
+    counterpart keeps (`index`, `agents.routers.index`; a rule whose real router follows the
+    engines' KV events has none and reads the engines' cache), "engine" the engines' exact,
+    current cache (`RouterView.hit_tokens`, `cached_tokens`) whatever the real router keeps."""
 
     family: ClassVar[str] = "affinity"
+    index: ClassVar[IndexSpec | None] = None  # the real router's own index (None: KV events)
+    cache_view: str = "router"
+
+    def __post_init__(self):
+        if self.cache_view not in CACHE_VIEWS:
+            raise ValueError(f"cache_view must be one of {', '.join(CACHE_VIEWS)}, got {self.cache_view!r}")
+        if self.index is not None and self.cache_view != "router":  # its own name in a results table
+            object.__setattr__(self, "name", f"{type(self).name}@{self.cache_view}")
+
+    @property
+    def keeps_index(self) -> bool:
+        """Whether the rule reads its own index (rather than the engines' cache)."""
+        return self.cache_view == "router" and self.index is not None
+
+    def init_extra(self, n_nodes: int) -> Any:
+        return empty_index(self.index, n_nodes) if self.keeps_index else ()
 
     def matched(self, state: RuleState, view: RouterView) -> jax.Array:
         """[N] leading prompt tokens of the arriving request each node holds."""
+        if self.keeps_index:
+            return index_matched(state.extra, self.index, view)
         return view.hit_tokens
 
     def tree_size(self, state: RuleState, view: RouterView) -> jax.Array:
         """[N] tokens each node's cache holds (its "tree size")."""
+        if self.keeps_index:
+            return held_tokens(state.extra, self.index, view)
         return view.cached_tokens
 
     def routed(self, state: RuleState, view: RouterView, node: jax.Array) -> RuleState:
         """The state after routing the arriving request to `node`."""
+        if self.keeps_index:
+            return state._replace(extra=record(state.extra, self.index, view, node))
         return state

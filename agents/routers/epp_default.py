@@ -18,6 +18,7 @@ from typing import ClassVar
 import jax.numpy as jnp
 
 from agents.routers.base import Affinity, argmin
+from agents.routers.index import IndexSpec
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,9 @@ class EPPDefault(Affinity):
     """score = 3 x prefix + 2 x (1 - KV usage) + 2 x queue; the highest wins, ties at random."""
 
     name: ClassVar[str] = "epp-default"
+    # prefix-cache-scorer: its own LRU index of the routed prompts' blocks per endpoint, sized to
+    # the endpoint's KV cache
+    index: ClassVar[IndexSpec] = IndexSpec(capacity=8192, kv_limited=True)
     weights: tuple[float, float, float] = (3.0, 2.0, 2.0)  # prefix, kv-cache, queue
 
     def decide(self, state, view, mask):

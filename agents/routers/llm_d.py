@@ -32,6 +32,7 @@ import jax
 import jax.numpy as jnp
 
 from agents.routers.base import Affinity, argmin
+from agents.routers.index import IndexSpec
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,9 @@ class LLMD(Affinity):
     at random."""
 
     name: ClassVar[str] = "llm-d"
+    # approx-prefix-cache-producer: an LRU index of the routed prompts' blocks per endpoint, its
+    # capacity autotuned to the endpoint's KV cache (`autoTune`, `lruCapacityPerServer`)
+    index: ClassVar[IndexSpec] = IndexSpec(capacity=8192, kv_limited=True)
     affinity_threshold: float = 0.8
     exploration_probability: float = 0.01
     max_ttft_penalty_s: float = 5.0
@@ -75,3 +79,4 @@ class LLMDPrecise(LLMD):
     the prefix score of every node is the engines' exact cache."""
 
     name: ClassVar[str] = "llm-d-precise"
+    index: ClassVar[None] = None  # precise-prefix-cache-producer: the engines' KV events

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from agents.routers.base import Affinity, argmin
+from agents.routers.index import IndexSpec
 
 
 @dataclass(frozen=True)
@@ -22,6 +23,7 @@ class PrefixAware(Affinity):
     node when no node matches)."""
 
     name: ClassVar[str] = "prefix-aware"
+    index: ClassVar[IndexSpec] = IndexSpec(capacity=8192)  # a trie of routed prompts, never evicted
 
     def decide(self, state, view, mask):
         order, state = self.random_order(state, mask.shape[0])

@@ -16,6 +16,7 @@ from typing import ClassVar
 import jax.numpy as jnp
 
 from agents.routers.base import Affinity, argmin, first, outstanding
+from agents.routers.index import IndexSpec
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,10 @@ class SGLangCacheAware(Affinity):
     the first worker here."""
 
     name: ClassVar[str] = "sglang-cache-aware"
+    # the router's approximate tree of the prompts it routed, inserted when it routes; its size
+    # limit (max_tree_size 2^26 characters per worker, about 2^24 tokens) is not reached in
+    # burstgym's episodes, which the table's 8192 chunks per node hold whole
+    index: ClassVar[IndexSpec] = IndexSpec(capacity=8192)
     cache_threshold: float = 0.3
     balance_abs_threshold: float = 64.0
     balance_rel_threshold: float = 1.5

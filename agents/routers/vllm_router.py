@@ -21,4 +21,4 @@ from agents.routers.sglang_cache_aware import SGLangCacheAware
 class VllmRouter(SGLangCacheAware):
     """SGLang's current cache-aware rule with vllm-router 0.1.17's defaults."""
 
-    name: ClassVar[str] = "vllm-router"
+    name: ClassVar[str] = "vllm-router"  # its tree (2^25 characters per worker) is the same table
