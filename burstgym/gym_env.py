@@ -92,9 +92,14 @@ def check_error(error: Any, where: str = "") -> None:
         raise RuntimeError(f"simulation error{where}: {reasons}")
 
 
+def spaces(n_nodes: int) -> tuple[gym.spaces.Box, gym.spaces.Discrete]:
+    """The observation and action spaces of one cluster of `n_nodes` nodes."""
+    obs = gym.spaces.Box(0.0, OBS_HIGH, shape=(obs_size(n_nodes),), dtype=np.float32)
+    return obs, gym.spaces.Discrete(n_nodes)
+
+
 def _spaces(cfg: EnvConfig) -> tuple[gym.spaces.Box, gym.spaces.Discrete]:
-    obs = gym.spaces.Box(0.0, OBS_HIGH, shape=(obs_size(cfg.n_nodes),), dtype=np.float32)
-    return obs, gym.spaces.Discrete(cfg.n_nodes)
+    return spaces(cfg.n_nodes)
 
 
 def _check_action(action: Any, n_nodes: int) -> int:
