@@ -507,7 +507,8 @@ def settings_for(name: str, **overrides) -> tuple[Scenario, Settings]:
     overrides = {k: _plain(v) for k, v in overrides.items() if v is not None}
     s = Settings(**{**scenario.settings, **overrides})
     s.validate()
-    return scenario, s
+    # numbers as floats where floats are meant (an int above int32 would overflow in JAX)
+    return scenario, dataclasses.replace(s, **{name: float(getattr(s, name)) for name in _REALS})
 
 
 def make(name: str, **overrides) -> tuple[EnvConfig, EnvParams]:
@@ -526,7 +527,7 @@ def make(name: str, **overrides) -> tuple[EnvConfig, EnvParams]:
         if kv < longest:
             raise ValueError(
                 f"node {i}: KV capacity {kv} tokens cannot hold the longest request ({longest} tokens); "
-                "lower prompt_max/output_max or pick a larger GPU profile"
+                "lower prompt_max/output_max, raise kv_capacity_tokens or pick a larger GPU profile"
             )
     prompts, outputs = capacity.sample_lengths(workload)
     caps = []
