@@ -447,6 +447,17 @@ def plan(args: argparse.Namespace) -> tuple[Run, dict[str, Any]]:
     configuration ({} for a fresh run)."""
     old: dict[str, Any] = {}
     old_run = None
+    for flag, low in (
+        ("eval_every", 0),
+        ("eval_seeds", 1),
+        ("checkpoint_every", 0),
+        ("bc_steps", 1),
+        ("torch_threads", 1),
+    ):
+        if getattr(args, flag) < low:
+            raise ValueError(f"--{flag.replace('_', '-')} must be at least {low}, got {getattr(args, flag)}")
+    if args.seed is not None and not 0 <= args.seed < 2**32:
+        raise ValueError(f"--seed must be in [0, 2**32), got {args.seed}")
     if args.resume:
         old_run, old = resume_config(args.resume)
         if args.algo and args.algo != old["algo"]:

@@ -540,14 +540,15 @@ def make(name: str, **overrides) -> tuple[EnvConfig, EnvParams]:
             )
     cluster_capacity = float(sum(c.rps for c in caps))
     fdt = jnp.result_type(float)
+    smallest, largest = float(np.finfo(fdt).tiny), float(np.finfo(fdt).max)
     for i, c in enumerate(caps):
-        if not 0 < np.asarray(c.rps, fdt) < np.inf:
+        if not smallest <= c.rps <= largest:
             raise ValueError(
                 f"node {i}: settings give a capacity of {c.rps:g} requests/s, which {fdt} cannot hold "
                 "(check 'speed' and the batch limits)"
             )
     rate = s.load * cluster_capacity
-    if not 0 < np.asarray(rate, fdt) < np.inf:
+    if not smallest <= rate <= largest:
         raise ValueError(
             f"scenario setting 'load' ({s.load:g}) gives an arrival rate of {rate:g} requests/s "
             f"(capacity {cluster_capacity:g}/s), which {fdt} cannot hold"

@@ -171,15 +171,21 @@ IDS = st.one_of(st.integers(0, 50), st.sampled_from(EDGE_INTS), JSON_JUNK)
 
 @st.composite
 def rows(draw) -> list[dict]:
-    """Mooncake rows: mostly well formed (block ids one per 512-token block), some fields fuzzed."""
-    out = []
+    """Mooncake rows: mostly well formed (one block id per 512-token block; a row may share the
+    first row's leading full blocks, a shared prefix), some fields fuzzed."""
+    out, first = [], None  # first: the first row's prompt and ids, as generated
     for i in range(draw(st.integers(1, 6))):
         prompt = draw(st.integers(1, 1500))
+        ids = [100 * i + j for j in range(-(-prompt // 512))]
+        if first is not None and draw(st.booleans()):
+            shared = min(prompt, first[0]) // 512  # whole blocks only: an id names one block content
+            ids[:shared] = first[1][:shared]
+        first = first or (prompt, ids)
         row = {
             "timestamp": float(i) * draw(st.floats(0.1, 100)),
             "input_length": prompt,
             "output_length": draw(st.integers(0, 300)),
-            "hash_ids": [draw(st.integers(0, 50)) for _ in range(-(-prompt // 512))],
+            "hash_ids": ids,
         }
         if draw(st.booleans()):
             field = draw(st.sampled_from(["timestamp", "input_length", "output_length", "hash_ids"]))

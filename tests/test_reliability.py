@@ -154,6 +154,16 @@ def test_evaluate_refuses_a_crafted_model_in_one_line_and_runs_nothing(saved, tm
     assert "vecnormalize.pkl: a pickle, not loaded" in message and "--allow-pickle" in message
 
 
+def test_evaluate_refuses_a_broken_run_configuration_naming_it(saved, tmp_path, capsys):
+    run = copy_run(saved, tmp_path / "run")
+    (run / "config.json").write_text('{"algo": "ppo", "scenario": ')
+    out = tmp_path / "results"
+    code = load_script("evaluate").main(["--model", str(run / "model.zip"), "--out", str(out)])
+    assert code == 2 and not out.exists()
+    message = one_line(capsys.readouterr().err)
+    assert f"{run.resolve() / 'config.json'}: not valid JSON" in message
+
+
 @pytest.mark.parametrize(
     ("change", "match"),
     [

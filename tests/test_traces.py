@@ -292,3 +292,12 @@ def test_token_counts_beyond_int32_are_refused_not_wrapped(tmp_path: Path) -> No
     jsonl = _write(tmp_path, "big.jsonl", json.dumps(row) + "\n")
     with pytest.raises(ValueError, match=r"big\.jsonl: line 1: field 'output_length': token count above"):
         load_trace(jsonl)
+    # integers beyond int64 and beyond any float (a TypeError from NumPy before)
+    row = {"timestamp": 0, "input_length": 10**23, "output_length": 1, "hash_ids": [0]}
+    jsonl = _write(tmp_path, "huge.jsonl", json.dumps(row) + "\n")
+    with pytest.raises(ValueError, match=r"huge\.jsonl: line 1: field 'input_length': token count above"):
+        load_trace(jsonl)
+    row = {"timestamp": 10**400, "input_length": 1, "output_length": 1, "hash_ids": [0]}
+    jsonl = _write(tmp_path, "late.jsonl", json.dumps(row) + "\n")
+    with pytest.raises(ValueError, match=r"late\.jsonl: line 1: field 'timestamp': not a finite number"):
+        load_trace(jsonl)

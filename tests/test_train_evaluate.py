@@ -332,15 +332,23 @@ def test_jax_ppo_trains_through_train_py_and_evaluate_judges_it(tmp_path, monkey
         (["--bc-teacher", "oracle"], "unknown router 'oracle'"),
         (["--resume", "missing.zip"], "checkpoint 'missing.zip' does not exist"),
         (["--set", "n_nodes=0"], "'n_nodes' must be a positive integer"),
+        (["--set", "max_num_seqs=4294967301"], "'max_num_seqs' must be a positive integer <= 2,147,483,647"),
+        (["--set", "system_tokens=1024.0"], "'system_tokens' must be an integer"),
+        (["--set", "speed=inf"], "'speed' must be a number, got 'inf'"),
+        (["--scenario", "trace", "--trace", "DIR"], "a directory, not a trace file"),
+        (["--eval-seeds", "0"], "--eval-seeds must be at least 1"),
+        (["--seed", "-1"], "--seed must be in [0, 2**32)"),
         (["--device", "tpu"], "unknown device 'tpu'"),
         (["--conf-file", "missing.yml"], "hyperparameter file 'missing.yml' does not exist"),
     ],
 )
 def test_train_refuses_bad_input(argv, message, tmp_path, capsys):
-    code = load_script("train").main([*argv, "--out", str(tmp_path), "--no-progress"])
+    argv = [str(tmp_path) if a == "DIR" else a for a in argv]
+    code = load_script("train").main([*argv, "--out", str(tmp_path / "runs"), "--no-progress"])
     assert code != 0
-    assert message in capsys.readouterr().err
-    assert not list(tmp_path.rglob("model.zip"))
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1, err  # one line, no traceback
+    assert not (tmp_path / "runs").exists()  # refused before anything is written
 
 
 @pytest.mark.parametrize(

@@ -23,6 +23,7 @@ The CSV formats are read with pandas (installed with `pip install "burstgym[trac
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -308,8 +309,14 @@ def _json_number(path: Path, line_no: int, record: dict, name: str, whole: bool,
     if name not in record:
         raise ValueError(f"{where}: missing")
     value = record[name]
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{where}: not a number: {value!r}")
+    try:
+        finite = math.isfinite(float(value))
+    except OverflowError:  # an integer beyond any float
+        finite = False
+    if not finite:
+        raise ValueError(f"{where}: not a finite number: {str(value)[:40]}")
     if whole and value != int(value):
         raise ValueError(f"{where}: not a whole number of tokens: {value!r}")
     if low is not None and value < low:
