@@ -334,7 +334,8 @@ def test_jax_ppo_trains_through_train_py_and_evaluate_judges_it(tmp_path, monkey
         (["--set", "n_nodes=0"], "'n_nodes' must be a positive integer"),
         (["--set", "max_num_seqs=4294967301"], "'max_num_seqs' must be a positive integer <= 2,147,483,647"),
         (["--set", "system_tokens=1024.0"], "'system_tokens' must be an integer"),
-        (["--set", "speed=inf"], "'speed' must be a number, got 'inf'"),
+        (["--set", "speed=inf"], "'speed' must be a finite number, got inf"),
+        (["--set", "load='0.5'"], "'load' must be a number, got \"'0.5'\" (str)"),
         (["--scenario", "trace", "--trace", "DIR"], "a directory, not a trace file"),
         (["--eval-seeds", "0"], "--eval-seeds must be at least 1"),
         (["--seed", "-1"], "--seed must be in [0, 2**32)"),
@@ -419,9 +420,9 @@ def test_set_reads_json_and_python_spellings() -> None:
     from burstgym import scenarios
 
     got = parse_settings(["padding=True", "prefix_caching=false", "slots=None", "slot_widths=[32]",
-                          "load=0.9", "power=flat", "speed=[1, 0.5]"])
+                          "load=0.9", "power=flat", "speed=[1, 0.5]", "sleep_timeout=inf"])
     assert got == {"padding": True, "prefix_caching": False, "slots": None, "slot_widths": (32,),
-                   "load": 0.9, "power": "flat", "speed": (1, 0.5)}
+                   "load": 0.9, "power": "flat", "speed": (1, 0.5), "sleep_timeout": float("inf")}
     scenarios.Settings(**{**got, "n_nodes": 2}).validate()
     with pytest.raises(ValueError, match="key=value"):
         parse_settings(["padding"])
