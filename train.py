@@ -32,11 +32,9 @@ statistics that only a pickle can hold.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -69,15 +67,14 @@ from agents.learners import (  # noqa: E402
 from agents.rollout import Rollout  # noqa: E402
 from agents.routers import ROUTERS, make_router  # noqa: E402
 from agents.runs import (  # noqa: E402
-    CHECKPOINTS,
+    Checkpoints,
+    Run,
     StopOnSignal,
     Stopped,
     atomic,
     create_run_dir,
-    read_config,
-    require,
-    run_dir_of,
-    write_config,
+    resume_config,
+    resumed_dir,
 )
 from agents.sb3_vec_env import JaxVecEnv  # noqa: E402
 from burstgym import scenarios  # noqa: E402
@@ -241,29 +238,6 @@ def save_sb3(model, path: Path) -> None:
         save_normalization(norm, path.with_name(name))
 
 
-class Checkpoints:
-    """Checkpoints at least every tenth of the budget (`--checkpoint-every` if more often), each
-    recorded in config.json, for both learners: `due(steps)` says when, `save(steps, write)`
-    writes one with the learner's `write(path)` and notes it in the run's configuration."""
-
-    def __init__(self, run: Run, every: int, budget: int, start: int, ext: str):
-        tenth = math.ceil(budget / 10)
-        self.every = min(every, tenth) if every > 0 else tenth
-        self.next_at = start + self.every
-        self.run, self.ext = run, ext
-        (run.dir / CHECKPOINTS).mkdir(exist_ok=True)
-
-    def due(self, steps: int) -> bool:
-        return steps >= self.next_at
-
-    def save(self, steps: int, write) -> None:
-        while self.next_at <= steps:
-            self.next_at += self.every
-        path = self.run.dir / CHECKPOINTS / f"rl_model_{steps}_steps.{self.ext}"
-        write(path)
-        self.run.update(timesteps=steps, last_checkpoint=str(path))
-
-
 class CheckpointCallback(BaseCallback):
     """SB3's side of `Checkpoints`: the model and its statistics (`rl_model_<N>_steps.zip`,
     `rl_model_vecnormalize_<N>_steps.json`, the names SB3's CheckpointCallback uses)."""
@@ -381,64 +355,6 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as e:
         print(f"train.py: error: {e}", file=sys.stderr)
         return 2
-
-
-def resumed_dir(out: Path, old_run: Path, run_name: str | None) -> Path:
-    """A new run directory for a resumed run: `run_name`, else `<old>-resumed` (then -2, -3, ...
-    while taken); never the old run's directory."""
-    if run_name:
-        run_dir = out / run_name
-    else:
-        run_dir = out / f"{old_run.name}-resumed"
-        k = 2
-        while run_dir.exists():
-            run_dir = out / f"{old_run.name}-resumed-{k}"
-            k += 1
-    if run_dir.resolve() == old_run.resolve():
-        raise ValueError(
-            f"--resume would write into the checkpoint's own run {str(old_run)!r}; give another --run-name"
-        )
-    return run_dir
-
-
-@dataclass
-class Run:
-    """A run being trained: what it trains (`config`, the contents of its config.json) and where."""
-
-    dir: Path
-    config: dict[str, Any]
-    seconds: float = 0.0
-    start: float = field(default_factory=time.time)
-
-    def update(self, **changes: Any) -> None:
-        """Change config.json (rewritten atomically)."""
-        self.config.update(changes)
-        write_config(self.dir, self.config)
-
-    @property
-    def algo(self) -> str:
-        return self.config["algo"]
-
-
-RESUME_KEYS = ("algo", "scenario", "settings", "seed", "n_envs", "stagger", "hyperparams", "normalize")
-
-
-def resume_config(checkpoint: str) -> tuple[Path, dict[str, Any]]:
-    """The run a checkpoint belongs to and its config.json, which a resumed run continues; refused
-    in one line if there is none or it lacks what resuming needs."""
-    path = Path(checkpoint)
-    if not path.is_file():
-        raise FileNotFoundError(f"checkpoint {checkpoint!r} does not exist")
-    old_run = run_dir_of(path)
-    config_path = old_run / "config.json"
-    if not config_path.is_file():
-        raise ValueError(
-            f"checkpoint {checkpoint!r} belongs to run {str(old_run)!r}, which has no config.json "
-            "(written when a run starts), so what it trained on is unknown; start a new run instead"
-        )
-    old = read_config(config_path)
-    require(old, config_path, *RESUME_KEYS)
-    return old_run, old
 
 
 def plan(args: argparse.Namespace) -> tuple[Run, dict[str, Any]]:

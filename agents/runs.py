@@ -1,22 +1,26 @@
 """A training run's directory: its `config.json`, the run a model file belongs to, atomic saves,
-and stopping cleanly on SIGINT / SIGTERM.
+checkpoints, resuming, and stopping cleanly on SIGINT / SIGTERM.
 
 `config.json` is written when a run starts (`"status": "running"`) with everything a resumed run
 needs (algorithm, scenario and settings, seed, clusters, hyperparameters, normalisation), updated
 at every checkpoint and when the run ends (`"finished"` or `"interrupted"`). It is the only source
 of a resumed run's task, and of the network a model file is rebuilt into when it is loaded
 without unpickling (`agents.learners.load_model`). Files are replaced atomically (written beside
-the target, then renamed), so a run killed mid-save leaves the previous file whole.
+the target, then renamed), so a run killed mid-save leaves the previous file whole. A run
+directory that holds anything is never written into (`create_run_dir`).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -135,3 +139,84 @@ class StopOnSignal:
     def exit_code(self) -> int:
         """128 + the signal's number, the shell's convention for a process ended by a signal."""
         return 128 + int(signal.Signals[self.signal]) if self.signal else 0
+
+
+def resumed_dir(out: Path, old_run: Path, run_name: str | None) -> Path:
+    """A new run directory for a resumed run: `run_name`, else `<old>-resumed` (then -2, -3, ...
+    while taken); never the old run's directory."""
+    if run_name:
+        run_dir = out / run_name
+    else:
+        run_dir = out / f"{old_run.name}-resumed"
+        k = 2
+        while run_dir.exists():
+            run_dir = out / f"{old_run.name}-resumed-{k}"
+            k += 1
+    if run_dir.resolve() == old_run.resolve():
+        raise ValueError(
+            f"--resume would write into the checkpoint's own run {str(old_run)!r}; give another --run-name"
+        )
+    return run_dir
+
+
+@dataclass
+class Run:
+    """A run being trained: what it trains (`config`, the contents of its config.json) and where."""
+
+    dir: Path
+    config: dict[str, Any]
+    seconds: float = 0.0
+    start: float = field(default_factory=time.time)
+
+    def update(self, **changes: Any) -> None:
+        """Change config.json (rewritten atomically)."""
+        self.config.update(changes)
+        write_config(self.dir, self.config)
+
+    @property
+    def algo(self) -> str:
+        return self.config["algo"]
+
+
+RESUME_KEYS = ("algo", "scenario", "settings", "seed", "n_envs", "stagger", "hyperparams", "normalize")
+
+
+def resume_config(checkpoint: str | Path) -> tuple[Path, dict[str, Any]]:
+    """The run a checkpoint belongs to and its config.json, which a resumed run continues; refused
+    in one line if there is none or it lacks what resuming needs."""
+    path = Path(checkpoint)
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint {checkpoint!r} does not exist")
+    old_run = run_dir_of(path)
+    config_path = old_run / CONFIG
+    if not config_path.is_file():
+        raise ValueError(
+            f"checkpoint {checkpoint!r} belongs to run {str(old_run)!r}, which has no config.json "
+            "(written when a run starts), so what it trained on is unknown; start a new run instead"
+        )
+    old = read_config(config_path)
+    require(old, config_path, *RESUME_KEYS)
+    return old_run, old
+
+
+class Checkpoints:
+    """Checkpoints at least every tenth of the budget (`--checkpoint-every` if more often), each
+    recorded in config.json, for both learners: `due(steps)` says when, `save(steps, write)`
+    writes one with the learner's `write(path)` and notes it in the run's configuration."""
+
+    def __init__(self, run: Run, every: int, budget: int, start: int, ext: str):
+        tenth = math.ceil(budget / 10)
+        self.every = min(every, tenth) if every > 0 else tenth
+        self.next_at = start + self.every
+        self.run, self.ext = run, ext
+        (run.dir / CHECKPOINTS).mkdir(exist_ok=True)
+
+    def due(self, steps: int) -> bool:
+        return steps >= self.next_at
+
+    def save(self, steps: int, write: Callable[[Path], None]) -> None:
+        while self.next_at <= steps:
+            self.next_at += self.every
+        path = self.run.dir / CHECKPOINTS / f"rl_model_{steps}_steps.{self.ext}"
+        write(path)
+        self.run.update(timesteps=steps, last_checkpoint=str(path))

@@ -307,12 +307,13 @@ def test_resume_refuses_a_checkpoint_whose_run_it_cannot_read(tmp_path, capsys, 
 
 
 def test_checkpoints_come_at_least_every_tenth_of_the_budget(tmp_path):
-    train = load_script("train")
-    run = train.Run(tmp_path, {})
-    assert train.Checkpoints(run, 32_768, 20_000, 0, "zip").every == 2_000  # none before: 32,768 > 20k
-    assert train.Checkpoints(run, 1_000, 20_000, 0, "zip").every == 1_000
-    assert train.Checkpoints(run, 0, 65_536, 0, "zip").every == 6_554
-    resumed = train.Checkpoints(run, 0, 1_000, 5_000, "zip")
+    from agents.runs import Checkpoints, Run
+
+    run = Run(tmp_path, {})
+    assert Checkpoints(run, 32_768, 20_000, 0, "zip").every == 2_000  # none before: 32,768 > 20k
+    assert Checkpoints(run, 1_000, 20_000, 0, "zip").every == 1_000
+    assert Checkpoints(run, 0, 65_536, 0, "zip").every == 6_554
+    resumed = Checkpoints(run, 0, 1_000, 5_000, "zip")
     assert not resumed.due(5_099) and resumed.due(5_100)
 
 

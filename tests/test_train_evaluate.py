@@ -178,19 +178,18 @@ def test_train_resumes_from_a_checkpoint_into_a_new_run(trained):
 
 
 def test_resume_never_writes_into_the_checkpoints_run(tmp_path):
-    from agents.runs import run_dir_of
+    from agents.runs import resumed_dir, run_dir_of
 
-    train = load_script("train")
     old = tmp_path / "runs" / "prefix-ppo-seed0"
     (old / "checkpoints").mkdir(parents=True)
     checkpoint = old / "checkpoints" / "rl_model_64_steps.zip"
     assert run_dir_of(checkpoint) == old.resolve()
     assert run_dir_of(old / "best_model.zip") == old.resolve()
-    assert train.resumed_dir(tmp_path / "runs", old, None) == tmp_path / "runs" / "prefix-ppo-seed0-resumed"
+    assert resumed_dir(tmp_path / "runs", old, None) == tmp_path / "runs" / "prefix-ppo-seed0-resumed"
     (tmp_path / "runs" / "prefix-ppo-seed0-resumed").mkdir()
-    assert train.resumed_dir(tmp_path / "runs", old, None).name == "prefix-ppo-seed0-resumed-2"
+    assert resumed_dir(tmp_path / "runs", old, None).name == "prefix-ppo-seed0-resumed-2"
     with pytest.raises(ValueError, match="own run"):
-        train.resumed_dir(tmp_path / "runs", old, "prefix-ppo-seed0")
+        resumed_dir(tmp_path / "runs", old, "prefix-ppo-seed0")
 
 
 @SAME_RUN
