@@ -473,7 +473,7 @@ class PolicyRouter:
         router picklable.
     """
 
-    balancing = False
+    family = "learned"
 
     def __init__(
         self,
