@@ -71,7 +71,7 @@ from agents.runs import (  # noqa: E402
     StopOnSignal,
     Stopped,
     atomic,
-    create_run_dir,
+    check_run_dir,
     resume_config,
     resumed_dir,
 )
@@ -356,9 +356,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def plan(args: argparse.Namespace) -> tuple[Run, dict[str, Any]]:
-    """Resolve the run's task from the command line (and, resumed, the old run's config.json),
-    validate it, and create its directory and config.json. Returns the run and the old run's
-    configuration ({} for a fresh run)."""
+    """Resolve the run's task from the command line (and, resumed, the old run's config.json) and
+    validate it, refusing an occupied run directory; nothing is written yet (`Run.begin`).
+    Returns the run and the old run's configuration ({} for a fresh run)."""
     old: dict[str, Any] = {}
     old_run = None
     for flag, low in (
@@ -422,14 +422,13 @@ def plan(args: argparse.Namespace) -> tuple[Run, dict[str, Any]]:
         bc_teacher = default_teacher(cfg) if args.bc_teacher == "auto" else args.bc_teacher
     out = Path(args.out)
     if old_run is not None:
-        run_dir = create_run_dir(resumed_dir(out, old_run, args.run_name), "give another --run-name")
+        run_dir, hint = resumed_dir(out, old_run, args.run_name), "give another --run-name"
     else:
         run_dir = out / (args.run_name or f"{scenario}-{algo}-seed{seed}")
         model = run_dir / ("model.msgpack" if algo in JAX_ALGOS else "model.zip")
         resume = f"--resume {model}" if model.is_file() else "--resume one of its checkpoints"
-        run_dir = create_run_dir(
-            run_dir, f"give another --run-name or --seed, continue it with {resume}, or delete it"
-        )
+        hint = f"give another --run-name or --seed, continue it with {resume}, or delete it"
+    check_run_dir(run_dir, hint)  # refused now; made once the run's start has loaded (Run.begin)
     normalize = old.get("normalize") if args.resume else None
     if not args.resume:
         norm = normalize_kwargs(entry)
@@ -455,9 +454,7 @@ def plan(args: argparse.Namespace) -> tuple[Run, dict[str, Any]]:
         "normalize": normalize,
         "arguments": vars(args),
     }
-    run = Run(run_dir, config)
-    run.update()
-    return run, old
+    return Run(run_dir, config, hint), old
 
 
 def finish(run: Run, stop: StopOnSignal, model_path: Path, steps: int, **extra: Any) -> int:
@@ -504,12 +501,14 @@ def train(args: argparse.Namespace, stop: StopOnSignal) -> int:
         )
         model.set_random_seed(seed)
         model.tensorboard_log = str(run.dir / "tb")
+        run.begin()
         run.update(resumed_at=int(model.num_timesteps), timesteps=int(model.num_timesteps))
     else:
         env = normalize_env(env, normalize_kwargs(cfg["hyperparams"]))
         model = make_model(
             algo, env, scenario, seed, str(run.dir / "tb"), device=cfg["device"], entry=cfg["hyperparams"]
         )
+        run.begin()
         if cfg["bc_teacher"] and not stop.signal:
             teacher = make_router(cfg["bc_teacher"], int(model.action_space.n))
             bc = behaviour_clone(model, env, teacher, args.bc_steps)
@@ -584,6 +583,7 @@ def train_jax(args: argparse.Namespace, run: Run, stop: StopOnSignal) -> int:
     learner = JaxPPO(env_cfg, params, ppo, cfg["n_envs"], cfg["timesteps_planned"], stagger=cfg["stagger"])
     resume = load_checkpoint(args.resume) if args.resume else None
     learner.setup(cfg["seed"], resume=resume)
+    run.begin()
     if resume is not None:
         run.update(resumed_at=learner.num_timesteps, timesteps=learner.num_timesteps)
     writer = SummaryWriter(str(run.dir / "tb" / f"{run.algo}_1"))

@@ -59,23 +59,17 @@ def make_model(
     device: str = "cpu",
     entry: dict[str, Any] | None = None,
 ) -> BaseAlgorithm:
-    """A fresh `algo` model on `env` with the hyperparameters of `scenario` (`entry`, an
-    `agents.hyperparams.load` entry, or the algorithm's file) and `overrides`."""
-    check_algo(algo, sb3=True)
+    """A fresh `algo` model to train on `env` with the hyperparameters of `scenario` (`entry`, an
+    `agents.hyperparams.load` entry, or the algorithm's file) and `overrides` (`build_model`)."""
     entry = load(algo, scenario) if entry is None else entry
-    kwargs = {**model_kwargs(entry), **(overrides or {})}
-    if algo in ("ppo", "maskable-ppo"):
-        # A batch larger than one rollout would make SB3 warn and truncate it.
-        kwargs["batch_size"] = min(kwargs["batch_size"], kwargs["n_steps"] * env.num_envs)
-    policy = kwargs.pop("policy", "MlpPolicy")
-    return ALGOS[algo](
-        policy,
-        env,
+    return build_model(
+        algo,
+        {**entry, **(overrides or {})},
+        env=env,
+        device=device,
+        trusted=True,
         seed=seed,
         tensorboard_log=tensorboard_log,
-        verbose=0,
-        device=check_device(device),
-        **kwargs,
     )
 
 
@@ -134,15 +128,22 @@ def _line(error: BaseException) -> str:
 
 
 def build_model(
-    algo: str, entry: dict[str, Any], n_nodes: int, env=None, device: str = "cpu", trusted: bool = False
+    algo: str,
+    entry: dict[str, Any],
+    n_nodes: int | None = None,
+    env=None,
+    device: str = "cpu",
+    trusted: bool = False,
+    **extra: Any,
 ) -> BaseAlgorithm:
-    """A fresh `algo` model with the hyperparameters `entry` for `n_nodes` nodes, on `env` (to
-    train) or on none (to act). Untrusted entries (a model's run configuration) import only
+    """A fresh `algo` model with the hyperparameters `entry`, on `env` (to train) or on none, for
+    `n_nodes` nodes (to act, or to take weights); `extra` goes to the constructor (`seed`,
+    `tensorboard_log`). Untrusted entries (a model's run configuration) import only
     `agents.policies` and evaluate nothing (`agents.hyperparams.model_kwargs`)."""
     from burstgym.gym_env import spaces
 
     check_algo(algo, sb3=True)
-    kwargs = model_kwargs(entry, trusted=trusted)
+    kwargs = {**model_kwargs(entry, trusted=trusted), **extra}
     policy = kwargs.pop("policy", "MlpPolicy")
     if env is not None:
         if algo in ("ppo", "maskable-ppo"):  # a batch larger than one rollout: SB3 warns and truncates
@@ -150,6 +151,8 @@ def build_model(
                 kwargs.get("batch_size", 64), kwargs.get("n_steps", 2048) * env.num_envs
             )
         return ALGOS[algo](policy, env, verbose=0, device=check_device(device), **kwargs)
+    if n_nodes is None:
+        raise ValueError("build_model needs env or n_nodes")
     model = ALGOS[algo](
         policy, None, verbose=0, device=check_device(device), _init_setup_model=False, **kwargs
     )

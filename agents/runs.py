@@ -7,7 +7,7 @@ at every checkpoint and when the run ends (`"finished"` or `"interrupted"`). It 
 of a resumed run's task, and of the network a model file is rebuilt into when it is loaded
 without unpickling (`agents.learners.load_model`). Files are replaced atomically (written beside
 the target, then renamed), so a run killed mid-save leaves the previous file whole. A run
-directory that holds anything is never written into (`create_run_dir`).
+directory that holds anything is never written into (`check_run_dir`, `create_run_dir`).
 """
 
 from __future__ import annotations
@@ -87,13 +87,19 @@ def write_config(run_dir: str | Path, config: dict[str, Any]) -> None:
         tmp.write_text(json.dumps(config, indent=2, default=str) + "\n")
 
 
-def create_run_dir(run_dir: str | Path, hint: str = "") -> Path:
-    """Create `run_dir`; refuse (naming it) one that exists and holds anything, so that a run never
+def check_run_dir(run_dir: str | Path, hint: str = "") -> Path:
+    """Refuse (naming it) a run directory that exists and holds anything, so that a run never
     overwrites or mixes with another. `hint` says what to do instead."""
     run_dir = Path(run_dir)
     if run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir())):
         what = "holds a run" if (run_dir / CONFIG).exists() else "exists and is not empty"
         raise ValueError(f"run directory {str(run_dir)!r} {what}; {hint or 'choose another'}")
+    return run_dir
+
+
+def create_run_dir(run_dir: str | Path, hint: str = "") -> Path:
+    """Create `run_dir`, refused as `check_run_dir` refuses."""
+    run_dir = check_run_dir(run_dir, hint)
     run_dir.mkdir(parents=True, exist_ok=True)
     return run_dir
 
@@ -161,12 +167,21 @@ def resumed_dir(out: Path, old_run: Path, run_name: str | None) -> Path:
 
 @dataclass
 class Run:
-    """A run being trained: what it trains (`config`, the contents of its config.json) and where."""
+    """A run being trained: what it trains (`config`, the contents of its config.json) and where.
+    Its directory is made by `begin`, once what it starts from (a checkpoint to resume, the
+    environments) has loaded, so that a run refused on the way leaves nothing behind; `hint` is
+    what the refusal of an occupied directory suggests instead."""
 
     dir: Path
     config: dict[str, Any]
+    hint: str = ""
     seconds: float = 0.0
     start: float = field(default_factory=time.time)
+
+    def begin(self) -> None:
+        """Create the run directory (refusing an occupied one) and write config.json."""
+        create_run_dir(self.dir, self.hint)
+        write_config(self.dir, self.config)
 
     def update(self, **changes: Any) -> None:
         """Change config.json (rewritten atomically)."""

@@ -210,8 +210,13 @@ class BurstBalanceEnv(gym.Env):
         """An RGB frame: per node running and waiting requests (bars) and its power state (tick
         label); on a second axis the KV share held by running requests and by the prefix cache;
         the arriving request's prompt and each node's cached prefix of it (tick label, title)."""
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
+        try:
+            from matplotlib.backends.backend_agg import FigureCanvasAgg
+            from matplotlib.figure import Figure
+        except ImportError:  # not in the base install
+            raise gym.error.DependencyNotInstalled(
+                'render_mode="rgb_array" draws with matplotlib: pip install "burstgym[train]" (or matplotlib)'
+            ) from None
 
         fig = Figure(figsize=(6.4, 3.6), dpi=80)
         FigureCanvasAgg(fig)

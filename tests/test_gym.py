@@ -4,6 +4,7 @@ and the action mask. Every environment here shares one scenario configuration (o
 from __future__ import annotations
 
 import json
+import sys
 
 import gymnasium as gym
 import numpy as np
@@ -59,6 +60,16 @@ def test_render_modes() -> None:
     assert frame.dtype == np.uint8 and frame.ndim == 3 and frame.shape[2] == 3 and frame.std() > 0
     with pytest.raises(ValueError, match="render_mode 'svg'"):
         gym.make("BurstBalance-v0", **GYM, render_mode="svg")
+
+
+def test_rgb_frames_without_matplotlib_name_the_extra(monkeypatch) -> None:
+    """The base install has no matplotlib: an "rgb_array" frame is refused in one line naming
+    the extra to install (Gymnasium's DependencyNotInstalled), not with a bare import error."""
+    env = gym.make("BurstBalance-v0", **GYM, render_mode="rgb_array")
+    env.reset(seed=0)
+    monkeypatch.setitem(sys.modules, "matplotlib.backends.backend_agg", None)
+    with pytest.raises(gym.error.DependencyNotInstalled, match=r"burstgym\[train\]"):
+        env.render()
 
 
 def test_record_video_writes_an_episode(tmp_path) -> None:

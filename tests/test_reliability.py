@@ -306,6 +306,36 @@ def test_resume_refuses_a_checkpoint_whose_run_it_cannot_read(tmp_path, capsys, 
     assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["steady-ppo-seed0"]
 
 
+@pytest.mark.parametrize("algo, name", [("ppo", "rl_model_64_steps.zip"), ("jax-ppo", "model.msgpack")])
+def test_resume_from_a_damaged_checkpoint_creates_no_run(tmp_path, capsys, algo, name):
+    """A checkpoint that cannot be read is refused in one line naming it, before the resumed run's
+    directory exists: a failed --resume leaves no half-made run behind."""
+    from agents.hyperparams import load
+
+    old = tmp_path / "runs" / f"steady-{algo}-seed0"
+    checkpoint = old / ("checkpoints" if name.startswith("rl_model") else "") / name
+    checkpoint.parent.mkdir(parents=True)
+    checkpoint.write_bytes(b"PK\x03\x04 truncated")
+    config = {
+        "algo": algo,
+        "scenario": "steady",
+        "settings": {"episode_length": 16},
+        "seed": 0,
+        "n_envs": 2,
+        "stagger": True,
+        "hyperparams": load("ppo", "steady"),
+        "normalize": None,
+        "conf_file": "agents/hyperparams.yml",
+    }
+    (old / "config.json").write_text(json.dumps(config))
+    code = load_script("train").main(["--resume", str(checkpoint), "--out", str(tmp_path / "runs")])
+    assert code == 2
+    message = one_line(capsys.readouterr().err)
+    assert str(checkpoint) in message
+    assert ("not a readable SB3 model" if algo == "ppo" else "not a jax-ppo checkpoint") in message
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == [old.name]
+
+
 def test_checkpoints_come_at_least_every_tenth_of_the_budget(tmp_path):
     from agents.runs import Checkpoints, Run
 
