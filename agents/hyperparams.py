@@ -55,11 +55,25 @@ def load(algo: str, scenario: str | None = None, path: str | Path | None = None)
     path = Path(path) if path is not None else conf_file(algo)
     if not path.is_file():
         raise FileNotFoundError(f"hyperparameter file {str(path)!r} does not exist")
-    doc = yaml.safe_load(path.read_text()) or {}
+    try:
+        doc = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 text ({e.reason})") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        raise ValueError(f"{path}: not valid YAML ({where}{getattr(e, 'problem', None) or e})") from None
+    if not isinstance(doc, dict):
+        raise ValueError(f"{path}: expected a mapping of environment ids, got {type(doc).__name__}")
     if ENV_ID not in doc:
         raise ValueError(f"{path}: no entry for {ENV_ID!r} (top-level keys: {', '.join(map(str, doc))})")
     entry = copy.deepcopy(doc[ENV_ID])
-    overrides = (doc.get("scenario_overrides") or {}).get(scenario) or {}
+    all_overrides = doc.get("scenario_overrides") or {}
+    if not isinstance(entry, dict) or not isinstance(all_overrides, dict):
+        raise ValueError(f"{path}: {ENV_ID!r} and 'scenario_overrides' must be mappings")
+    overrides = all_overrides.get(scenario) or {}
+    if not isinstance(overrides, dict):
+        raise ValueError(f"{path}: scenario_overrides of {scenario!r} must be a mapping")
     for key, value in copy.deepcopy(overrides).items():
         if isinstance(value, dict) and isinstance(entry.get(key), dict):
             entry[key] = {**entry[key], **value}  # env_kwargs, normalize, policy_kwargs: merged

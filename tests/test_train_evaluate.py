@@ -342,10 +342,15 @@ def test_jax_ppo_trains_through_train_py_and_evaluate_judges_it(tmp_path, monkey
         (["--seed", "-1"], "--seed must be in [0, 2**32)"),
         (["--device", "tpu"], "unknown device 'tpu'"),
         (["--conf-file", "missing.yml"], "hyperparameter file 'missing.yml' does not exist"),
+        (["--conf-file", "BROKEN.yml"], "BROKEN.yml: not valid YAML (line 2, column 1"),
+        (["--conf-file", "LIST.yml"], "LIST.yml: expected a mapping of environment ids, got list"),
     ],
 )
 def test_train_refuses_bad_input(argv, message, tmp_path, capsys):
-    argv = [str(tmp_path) if a == "DIR" else a for a in argv]
+    files = {"BROKEN.yml": "BurstBalance-v0: [n_envs: 4\n", "LIST.yml": "- BurstBalance-v0\n"}
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    argv = [str(tmp_path) if a == "DIR" else str(tmp_path / a) if a in files else a for a in argv]
     code = load_script("train").main([*argv, "--out", str(tmp_path / "runs"), "--no-progress"])
     assert code != 0
     err = capsys.readouterr().err
