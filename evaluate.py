@@ -24,7 +24,6 @@ intervals resolve, the regime map, Ray dispatch), plots and the report.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
@@ -39,6 +38,7 @@ from rich.console import Console  # noqa: E402
 from agents.cli import parse_settings  # noqa: E402
 from agents.learners import DEVICES, check_algo, check_device, load_router  # noqa: E402
 from agents.routers import ROUTERS  # noqa: E402
+from agents.runs import find_config  # noqa: E402
 from burstgym import scenarios  # noqa: E402
 from burstgym.observation import obs_size  # noqa: E402
 from evaluation.experiments import GRIDS, regime_map, run_tasks, scenario_task  # noqa: E402
@@ -108,6 +108,13 @@ def main(argv: list[str] | None = None) -> int:
         "at ADDRESS (e.g. ray://head:10001); the results equal a local run's",
     )
     p.add_argument("--device", default="cpu", help=f"torch device of --model: {', '.join(DEVICES)}")
+    p.add_argument(
+        "--allow-pickle",
+        action="store_true",
+        help="let --model unpickle what only a pickle holds (an rl-zoo3 model, statistics in a .pkl); "
+        "unpickling runs any code a file carries, so only for files you trust (default: weights and "
+        "statistics are read as data, the network rebuilt from the run's config.json)",
+    )
     p.add_argument("--out", default="results", help="results folder, replaced whole by this run's")
     args = p.parse_args(argv)
     try:
@@ -163,8 +170,8 @@ def _evaluate(args: argparse.Namespace, names: list[str], routers: list[Any], re
             f"[yellow]no trained model at {DEFAULT_MODEL} (run `python train.py`); heuristics only[/]"
         )
         model_path = None
-    if model_path is not None and (model_path.parent / "config.json").is_file():
-        config = json.loads((model_path.parent / "config.json").read_text())
+    if model_path is not None and (found := find_config(model_path)) is not None:
+        config = found[1]
     algo = args.algo or config.get("algo", "ppo")
     check_algo(algo)
     device = check_device(args.device)
@@ -199,9 +206,16 @@ def _evaluate(args: argparse.Namespace, names: list[str], routers: list[Any], re
         n_nodes.add(cfg.n_nodes)
     learned = None
     if model_path is not None:
-        # with the observation-normalisation statistics saved beside it (vecnormalize.pkl)
+        # with the observation-normalisation statistics saved beside it (vecnormalize.json)
         need = bool(config.get("normalize"))
-        learned = load_router(model_path, algo, f"learned-{algo}", device=device, require_normalization=need)
+        learned = load_router(
+            model_path,
+            algo,
+            f"learned-{algo}",
+            device,
+            require_normalization=need,
+            allow_pickle=args.allow_pickle,
+        )
         expected = learned.observation_shape
         for n in n_nodes:
             if (obs_size(n),) != expected:

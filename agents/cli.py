@@ -6,12 +6,14 @@ import json
 from typing import Any
 
 PYTHON_CONSTANTS = {"True": True, "False": False, "None": None}
+NON_FINITE = ("inf", "+inf", "-inf", "infinity", "+infinity", "-infinity", "nan")
 
 
 def parse_settings(pairs: list[str]) -> dict[str, Any]:
     """`key=value` scenario overrides (`--set`). Values are read as JSON where they can be (numbers,
     `true`/`false`, `null`, lists, which become tuples as `Settings` expects), Python's `True`,
-    `False` and `None` as those, anything else as a string."""
+    `False` and `None` as those, `inf` and `nan` as floats (a setting that takes them, such as
+    `sleep_timeout=inf`, or a refusal naming the field), anything else as a string."""
     out: dict[str, Any] = {}
     for pair in pairs:
         if "=" not in pair:
@@ -23,6 +25,6 @@ def parse_settings(pairs: list[str]) -> dict[str, Any]:
         try:
             parsed = json.loads(value)
         except json.JSONDecodeError:
-            parsed = value
+            parsed = float(value) if value.strip().lower() in NON_FINITE else value
         out[key] = tuple(parsed) if isinstance(parsed, list) else parsed
     return out

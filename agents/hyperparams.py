@@ -55,11 +55,25 @@ def load(algo: str, scenario: str | None = None, path: str | Path | None = None)
     path = Path(path) if path is not None else conf_file(algo)
     if not path.is_file():
         raise FileNotFoundError(f"hyperparameter file {str(path)!r} does not exist")
-    doc = yaml.safe_load(path.read_text()) or {}
+    try:
+        doc = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 text ({e.reason})") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        raise ValueError(f"{path}: not valid YAML ({where}{getattr(e, 'problem', None) or e})") from None
+    if not isinstance(doc, dict):
+        raise ValueError(f"{path}: expected a mapping of environment ids, got {type(doc).__name__}")
     if ENV_ID not in doc:
         raise ValueError(f"{path}: no entry for {ENV_ID!r} (top-level keys: {', '.join(map(str, doc))})")
     entry = copy.deepcopy(doc[ENV_ID])
-    overrides = (doc.get("scenario_overrides") or {}).get(scenario) or {}
+    all_overrides = doc.get("scenario_overrides") or {}
+    if not isinstance(entry, dict) or not isinstance(all_overrides, dict):
+        raise ValueError(f"{path}: {ENV_ID!r} and 'scenario_overrides' must be mappings")
+    overrides = all_overrides.get(scenario) or {}
+    if not isinstance(overrides, dict):
+        raise ValueError(f"{path}: scenario_overrides of {scenario!r} must be a mapping")
     for key, value in copy.deepcopy(overrides).items():
         if isinstance(value, dict) and isinstance(entry.get(key), dict):
             entry[key] = {**entry[key], **value}  # env_kwargs, normalize, policy_kwargs: merged
@@ -85,18 +99,42 @@ def linear_schedule(initial: float):
     return schedule
 
 
-def resolve_policy(name: str) -> Any:
-    """An SB3 policy name ("MlpPolicy") as is; a dotted path imported (as rl-zoo3 does)."""
+# The policies a model file's own configuration may name (`trusted=False`): SB3's names and the
+# classes of `agents.policies`; importing any other module could run its code.
+SAFE_POLICY_MODULE = "agents.policies"
+
+
+def resolve_policy(name: str, trusted: bool = True) -> Any:
+    """An SB3 policy name ("MlpPolicy") as is; a dotted path imported (as rl-zoo3 does). Untrusted
+    names (from a model's run configuration) may only name a policy class of `agents.policies`."""
+    if not isinstance(name, str):
+        raise ValueError(f"policy must be a name or a dotted path, got {name!r}")
     if "." not in name:
         return name
     module, _, attr = name.rpartition(".")
+    if not trusted and module != SAFE_POLICY_MODULE:
+        raise ValueError(
+            f"policy {name!r} is not one of {SAFE_POLICY_MODULE}; importing it could run code "
+            "(load it with allow_pickle=True / --allow-pickle only if you trust the file)"
+        )
     try:
-        return getattr(importlib.import_module(module), attr)
+        policy = getattr(importlib.import_module(module), attr)
     except (ImportError, AttributeError) as e:
         raise ValueError(f"policy {name!r} cannot be imported: {e}") from e
+    if not trusted:
+        from stable_baselines3.common.policies import BasePolicy
+
+        if not (isinstance(policy, type) and issubclass(policy, BasePolicy)):
+            raise ValueError(f"policy {name!r} is not an SB3 policy class")
+    return policy
 
 
-def _policy_kwargs(value: Any) -> dict[str, Any]:
+def _policy_kwargs(value: Any, trusted: bool = True) -> dict[str, Any]:
+    if isinstance(value, str) and not trusted:
+        raise ValueError(
+            f"policy_kwargs {value!r} is a string that would be evaluated; a model's configuration "
+            "must give a mapping (load it with allow_pickle=True / --allow-pickle only if you trust it)"
+        )
     if isinstance(value, str):  # rl-zoo3 evaluates strings such as "dict(net_arch=[64, 64])"
         from torch import nn
 
@@ -106,8 +144,12 @@ def _policy_kwargs(value: Any) -> dict[str, Any]:
     return dict(value)
 
 
-def model_kwargs(entry: dict[str, Any]) -> dict[str, Any]:
-    """The constructor arguments of an entry: run keys removed, schedules and the policy resolved."""
+def model_kwargs(entry: dict[str, Any], trusted: bool = True) -> dict[str, Any]:
+    """The constructor arguments of an entry: run keys removed, schedules and the policy resolved.
+    `trusted=False` (an entry read from a model's run, not the user's own file) evaluates nothing
+    and imports only `agents.policies` (`resolve_policy`)."""
+    if not isinstance(entry, dict):
+        raise ValueError(f"hyperparameters must be a mapping, got {type(entry).__name__}")
     kwargs = {k: copy.deepcopy(v) for k, v in entry.items() if k not in RUN_KEYS}
     for key in SCHEDULED:
         value = kwargs.get(key)
@@ -117,9 +159,9 @@ def model_kwargs(entry: dict[str, Any]) -> dict[str, Any]:
                 raise ValueError(f"{key}: unknown schedule {value!r} (use 'lin_<value>' or a number)")
             kwargs[key] = linear_schedule(float(initial))
     if "policy" in kwargs:
-        kwargs["policy"] = resolve_policy(kwargs["policy"])
+        kwargs["policy"] = resolve_policy(kwargs["policy"], trusted)
     if "policy_kwargs" in kwargs:
-        kwargs["policy_kwargs"] = _policy_kwargs(kwargs["policy_kwargs"])
+        kwargs["policy_kwargs"] = _policy_kwargs(kwargs["policy_kwargs"], trusted)
     if isinstance(kwargs.get("train_freq"), list):
         kwargs["train_freq"] = tuple(kwargs["train_freq"])
     return kwargs

@@ -336,8 +336,11 @@ class JaxPPO:
 
     # ----------------------------------------------------------------------------- set-up
 
-    def setup(self, seed: int) -> None:
-        """Reset every cluster from `seed` and initialise the network and the optimiser."""
+    def setup(self, seed: int, resume: Checkpoint | None = None) -> None:
+        """Reset every cluster from `seed` and initialise the network and the optimiser; with
+        `resume`, continue a saved run: its network, optimiser state (the learning-rate schedule
+        runs over the saved and the new updates together, as SB3's resumed `learn`), statistics
+        and step count."""
         key = jax.random.key(seed)
         key, k_net, k_env, k_len = jax.random.split(key, 4)
         keys = jax.random.split(k_env, self.n_envs)
@@ -349,11 +352,41 @@ class JaxPPO:
         )
         obs, states = self._jit("reset", self.core.batched_reset)(keys, self.params, horizons)
         dim = obs.shape[-1]
-        tx = _optimizer(self.ppo, self.n_updates * self.ppo.n_epochs * self.n_minibatches)
+        done = 0 if resume is None else resume.optimizer_steps
+        steps = done + self.n_updates * self.ppo.n_epochs * self.n_minibatches
+        tx = _optimizer(self.ppo, steps if self.ppo.lr_decay else 0)  # a constant rate needs no horizon
         variables = self.net.init(k_net, jnp.zeros((1, dim), jnp.float32))
         self.train_state = TrainState.create(apply_fn=self.net.apply, params=variables, tx=tx)
         self.stats = ObsStats.empty().update(obs, self.cfg.n_nodes)  # VecNormalize counts the reset too
         self.runner = Runner(states, obs, key, jnp.zeros(self.n_envs, jnp.float32))
+        if resume is not None:
+            self._restore(resume)
+
+    def _restore(self, ck: Checkpoint) -> None:
+        """Take the network, optimiser state, statistics and step count of `ck` (refusing one
+        that does not fit these settings, naming its file)."""
+        if ck.train is None:
+            raise ValueError(f"{ck.path}: holds no optimiser state (a checkpoint older than resuming)")
+        if ck.hidden != self.ppo.hidden or (ck.stats is None) == self.ppo.norm_obs:
+            raise ValueError(
+                f"{ck.path}: a network of width {ck.hidden} {'without' if ck.stats is None else 'with'} "
+                f"observation statistics; these settings train width {self.ppo.hidden} "
+                f"{'with' if self.ppo.norm_obs else 'without'}"
+            )
+        _check_shapes(ck.path, "params", self.train_state.params, ck.params)
+        try:
+            opt_state = flax.serialization.from_state_dict(self.train_state.opt_state, ck.train["opt_state"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"{ck.path}: the optimiser state does not fit these settings ({e})") from None
+        _check_shapes(ck.path, "opt_state", self.train_state.opt_state, opt_state)
+        self.train_state = self.train_state.replace(
+            params=jax.tree.map(jnp.asarray, ck.params),
+            opt_state=jax.tree.map(jnp.asarray, opt_state),
+            step=int(ck.train["step"]),  # a Python int, as TrainState.create gives: no retrace
+        )
+        if ck.stats is not None:
+            self.stats = jax.tree.map(jnp.asarray, ck.stats)
+        self.num_timesteps = ck.num_timesteps
 
     def normalize(self, stats: ObsStats, obs: jax.Array) -> jax.Array:
         return stats.normalize(obs, self.cfg.n_nodes) if self.ppo.norm_obs else obs
@@ -586,10 +619,15 @@ class JaxPPO:
     # ------------------------------------------------------------------------- checkpoints
 
     def save(self, path: str | Path) -> None:
-        """Write the network parameters and observation statistics to `path` (.msgpack)."""
-        save_checkpoint(
-            path, self.train_state.params, self.stats if self.ppo.norm_obs else None, self.ppo.hidden
-        )
+        """Write the network parameters, observation statistics, optimiser state and step count
+        to `path` (.msgpack, atomically): enough to route with and to resume from."""
+        train = {
+            "opt_state": flax.serialization.to_state_dict(jax.device_get(self.train_state.opt_state)),
+            "step": int(self.train_state.step),
+            "num_timesteps": int(self.num_timesteps),
+        }
+        stats = self.stats if self.ppo.norm_obs else None
+        save_checkpoint(path, self.train_state.params, stats, self.ppo.hidden, train)
 
     def router(self, name: str = "learned", deterministic: bool = True) -> JaxPolicyRouter:
         """The current policy as a router (a snapshot: later updates do not change it)."""
@@ -604,12 +642,114 @@ class JaxPPO:
         )
 
 
-def save_checkpoint(path: str | Path, params: Any, stats: ObsStats | None, hidden: int) -> None:
-    """A checkpoint: {"params", "stats" (or absent: observations not normalised), "hidden"}."""
-    blob = {"params": jax.device_get(params), "hidden": hidden}
+CHECKPOINT_FORMAT = "burstgym-jax-ppo"
+
+
+def save_checkpoint(
+    path: str | Path, params: Any, stats: ObsStats | None, hidden: int, train: dict[str, Any] | None = None
+) -> None:
+    """A checkpoint (flax msgpack: arrays and plain values only, nothing that runs when read):
+    {"format", "version": 2, "params", "hidden", "stats" (absent: observations not normalised),
+    "train" (optimiser state, optimiser steps, environment steps; absent: not resumable)}."""
+    from agents.runs import atomic
+
+    blob: dict[str, Any] = {
+        "format": CHECKPOINT_FORMAT,
+        "version": 2,
+        "params": jax.device_get(params),
+        "hidden": hidden,
+    }
     if stats is not None:
         blob["stats"] = jax.device_get({"node": stats.node._asdict(), "glob": stats.glob._asdict()})
-    Path(path).write_bytes(flax.serialization.msgpack_serialize(blob))
+    if train is not None:
+        blob["train"] = train
+    with atomic(path) as tmp:
+        tmp.write_bytes(flax.serialization.msgpack_serialize(blob))
+
+
+class Checkpoint(NamedTuple):
+    """A jax-ppo checkpoint as read by `load_checkpoint`: plain arrays, checked."""
+
+    path: Path
+    params: Any  # {"params": {layer: {"kernel", "bias"}}} float32 arrays
+    hidden: int
+    n_nodes: int
+    stats: ObsStats | None
+    train: dict[str, Any] | None  # {"opt_state", "step", "num_timesteps"}
+
+    @property
+    def num_timesteps(self) -> int:
+        return 0 if self.train is None else int(self.train["num_timesteps"])
+
+    @property
+    def optimizer_steps(self) -> int:
+        return 0 if self.train is None else int(self.train["step"])
+
+
+def _check_shapes(path: Path, what: str, expected: Any, got: Any) -> None:
+    """Refuse `got` unless it has `expected`'s tree structure, shapes and float/int kinds."""
+    if jax.tree.structure(expected) != jax.tree.structure(got):
+        raise ValueError(f"{path}: {what} has another structure than this network's")
+
+    def layout(x: Any) -> tuple[tuple[int, ...], str]:
+        if not (hasattr(x, "shape") and hasattr(x, "dtype")):
+            x = np.asarray(x)
+        return tuple(x.shape), np.dtype(x.dtype).kind
+
+    for a, b in zip(jax.tree.leaves(expected), jax.tree.leaves(got), strict=True):
+        if layout(a) != layout(b):
+            raise ValueError(
+                f"{path}: {what} holds an array of shape {layout(b)[0]} where {layout(a)[0]} belongs"
+            )
+
+
+def load_checkpoint(path: str | Path) -> Checkpoint:
+    """Read a checkpoint written by `save_checkpoint` (version 2, or 1 without optimiser state)
+    and check it against the network it describes; a missing, truncated or foreign file is
+    refused in one line naming it. msgpack holds data only: reading it runs no code."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint {str(path)!r} does not exist")
+    try:
+        blob = flax.serialization.msgpack_restore(path.read_bytes())
+    except Exception as e:  # msgpack's errors for damaged data have no common base class
+        raise ValueError(f"{path}: not a jax-ppo checkpoint (unreadable: {type(e).__name__})") from None
+    if not isinstance(blob, dict) or "params" not in blob or "hidden" not in blob:
+        raise ValueError(f"{path}: not a jax-ppo checkpoint (no params and hidden)")
+    hidden = blob["hidden"]
+    if isinstance(hidden, bool) or not isinstance(hidden, int) or not 1 <= hidden <= 2**16:
+        raise ValueError(f"{path}: not a jax-ppo checkpoint (hidden {hidden!r} is not a layer width)")
+    try:
+        n_inputs = int(np.asarray(blob["params"]["params"]["value_0"]["kernel"]).shape[0])
+    except (KeyError, TypeError, IndexError):
+        raise ValueError(f"{path}: not a jax-ppo checkpoint (no value_0 kernel)") from None
+    n_nodes, rest = divmod(n_inputs - len(GLOBAL_FEATURES), len(NODE_FEATURES))
+    if rest or n_nodes < 1:
+        raise ValueError(f"{path}: the network's inputs ({n_inputs}) are not a BurstBalance observation")
+    dim = n_inputs
+    expected = jax.eval_shape(_net(n_nodes, hidden).init, jax.random.key(0), jnp.zeros((1, dim), jnp.float32))
+    _check_shapes(path, "params", expected, blob["params"])
+    stats = None
+    if "stats" in blob:
+        s = blob["stats"]
+        want = ObsStats.empty()
+        try:
+            stats = ObsStats(Moments(**s["node"]), Moments(**s["glob"]))
+        except (KeyError, TypeError):
+            raise ValueError(f"{path}: stats must hold node and glob mean, var and count") from None
+        _check_shapes(path, "stats", want, stats)
+        if not all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(stats)):
+            raise ValueError(f"{path}: stats hold non-finite numbers")
+    train = blob.get("train")
+    if train is not None:
+        ok = isinstance(train, dict) and {"opt_state", "step", "num_timesteps"} <= set(train)
+        ints = ok and all(
+            isinstance(train[k], int) and not isinstance(train[k], bool) and train[k] >= 0
+            for k in ("step", "num_timesteps")
+        )
+        if not ints:
+            raise ValueError(f"{path}: train must hold opt_state and the step counts")
+    return Checkpoint(path, blob["params"], hidden, n_nodes, stats, train)
 
 
 class JaxPolicyRouter:
@@ -663,26 +803,10 @@ class JaxPolicyRouter:
 
     @classmethod
     def load(cls, path: str | Path, name: str = "learned", deterministic: bool = True) -> JaxPolicyRouter:
-        """The router of a checkpoint written by `JaxPPO.save` (clear errors for a missing or
-        foreign file)."""
-        path = Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"checkpoint {str(path)!r} does not exist")
-        try:
-            blob = flax.serialization.msgpack_restore(path.read_bytes())
-            params, hidden = blob["params"], int(blob["hidden"])
-        except (KeyError, TypeError, ValueError) as e:
-            raise ValueError(f"{path}: not a jax-ppo checkpoint ({e})") from e
-        stats = None
-        if "stats" in blob:
-            s = blob["stats"]
-            stats = ObsStats(Moments(**s["node"]), Moments(**s["glob"]))
-        kernel = params["params"]["score_0"]["kernel"]
-        n_inputs = int(np.asarray(params["params"]["value_0"]["kernel"]).shape[0])
-        n_nodes, rest = divmod(n_inputs - len(GLOBAL_FEATURES), len(NODE_FEATURES))
-        if rest or kernel.shape[0] != len(NODE_FEATURES) + len(GLOBAL_FEATURES):
-            raise ValueError(f"{path}: the network's inputs ({n_inputs}) are not a BurstBalance observation")
-        return cls(params, stats, n_nodes, hidden, name, deterministic)
+        """The router of a checkpoint written by `JaxPPO.save` (`load_checkpoint`: clear errors
+        for a missing, damaged or foreign file)."""
+        ck = load_checkpoint(path)
+        return cls(ck.params, ck.stats, ck.n_nodes, ck.hidden, name, deterministic)
 
     def _act_fn(self, params, stats, obs, key, deterministic):
         x = obs if stats is None else stats.normalize(obs, self.n_nodes)

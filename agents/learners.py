@@ -4,7 +4,13 @@ and a wrapper that routes with a trained model."""
 
 from __future__ import annotations
 
+import io
+import json
+import math
+import pickle
 import re
+import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,33 +59,176 @@ def make_model(
     device: str = "cpu",
     entry: dict[str, Any] | None = None,
 ) -> BaseAlgorithm:
-    """A fresh `algo` model on `env` with the hyperparameters of `scenario` (`entry`, an
-    `agents.hyperparams.load` entry, or the algorithm's file) and `overrides`."""
-    check_algo(algo, sb3=True)
+    """A fresh `algo` model to train on `env` with the hyperparameters of `scenario` (`entry`, an
+    `agents.hyperparams.load` entry, or the algorithm's file) and `overrides` (`build_model`)."""
     entry = load(algo, scenario) if entry is None else entry
-    kwargs = {**model_kwargs(entry), **(overrides or {})}
-    if algo in ("ppo", "maskable-ppo"):
-        # A batch larger than one rollout would make SB3 warn and truncate it.
-        kwargs["batch_size"] = min(kwargs["batch_size"], kwargs["n_steps"] * env.num_envs)
-    policy = kwargs.pop("policy", "MlpPolicy")
-    return ALGOS[algo](
-        policy,
-        env,
+    return build_model(
+        algo,
+        {**entry, **(overrides or {})},
+        env=env,
+        device=device,
+        trusted=True,
         seed=seed,
         tensorboard_log=tensorboard_log,
-        verbose=0,
-        device=check_device(device),
-        **kwargs,
     )
 
 
-def load_model(path: str | Path, algo: str, env=None, device: str = "cpu") -> BaseAlgorithm:
-    """Load a saved model of `algo` (a clear error if the file is missing)."""
+PICKLE_HINT = "pass allow_pickle=True (--allow-pickle) only for a file you trust: unpickling can run any code"
+
+
+def read_sb3_zip(path: str | Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(data, state dicts) of an SB3 model file, read without unpickling anything.
+
+    An SB3 `.zip` holds `data` (JSON; entries JSON cannot express are cloudpickled inside it) and
+    torch files (`policy.pth`, `policy.optimizer.pth`, `pytorch_variables.pth`). `data` keeps only
+    its plain JSON entries (the cloudpickled ones are dropped, never decoded); each `.pth` is read
+    with `torch.load(weights_only=True)`, which refuses anything but tensors and plain containers.
+    A truncated or foreign file, or one that holds code, is refused in one line naming it."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint {str(path)!r} does not exist")
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = archive.namelist()
+            if "data" not in names or "policy.pth" not in names:
+                raise ValueError(
+                    f"{path}: not a readable SB3 model file (no data or policy.pth inside: truncated, "
+                    "damaged or not SB3's)"
+                )
+            raw = json.loads(archive.read("data"))
+            states = {}
+            for name in names:
+                if name.endswith(".pth"):
+                    buffer = io.BytesIO(archive.read(name))
+                    try:
+                        states[name[: -len(".pth")]] = torch.load(
+                            buffer, map_location="cpu", weights_only=True
+                        )
+                    except pickle.UnpicklingError:
+                        raise ValueError(
+                            f"{path}: {name} holds objects other than tensors, which could run code when "
+                            f"unpickled; not loaded ({PICKLE_HINT})"
+                        ) from None
+    except (zipfile.BadZipFile, EOFError, zlib.error, json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(
+            f"{path}: not a readable SB3 model file (truncated or damaged: {_line(e)})"
+        ) from None
+    except RuntimeError as e:  # torch's reader of a damaged .pth
+        raise ValueError(f"{path}: not a readable SB3 model file ({_line(e)})") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path}: not an SB3 model file (its data is not a JSON object)")
+    data = {k: v for k, v in raw.items() if not (isinstance(v, dict) and ":serialized:" in v)}
+    return data, states
+
+
+def _line(error: BaseException) -> str:
+    """The first line of an exception's message."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def build_model(
+    algo: str,
+    entry: dict[str, Any],
+    n_nodes: int | None = None,
+    env=None,
+    device: str = "cpu",
+    trusted: bool = False,
+    **extra: Any,
+) -> BaseAlgorithm:
+    """A fresh `algo` model with the hyperparameters `entry`, on `env` (to train) or on none, for
+    `n_nodes` nodes (to act, or to take weights); `extra` goes to the constructor (`seed`,
+    `tensorboard_log`). Untrusted entries (a model's run configuration) import only
+    `agents.policies` and evaluate nothing (`agents.hyperparams.model_kwargs`)."""
+    from burstgym.gym_env import spaces
+
+    check_algo(algo, sb3=True)
+    kwargs = {**model_kwargs(entry, trusted=trusted), **extra}
+    policy = kwargs.pop("policy", "MlpPolicy")
+    if env is not None:
+        if algo in ("ppo", "maskable-ppo"):  # a batch larger than one rollout: SB3 warns and truncates
+            kwargs["batch_size"] = min(
+                kwargs.get("batch_size", 64), kwargs.get("n_steps", 2048) * env.num_envs
+            )
+        return ALGOS[algo](policy, env, verbose=0, device=check_device(device), **kwargs)
+    if n_nodes is None:
+        raise ValueError("build_model needs env or n_nodes")
+    model = ALGOS[algo](
+        policy, None, verbose=0, device=check_device(device), _init_setup_model=False, **kwargs
+    )
+    model.observation_space, model.action_space = spaces(n_nodes)
+    model.n_envs = 1
+    model._setup_model()
+    return model
+
+
+def load_model(
+    path: str | Path,
+    algo: str,
+    env=None,
+    device: str = "cpu",
+    config: dict[str, Any] | None = None,
+    allow_pickle: bool = False,
+) -> BaseAlgorithm:
+    """Load a saved SB3 model of `algo` without running code from the file: the network is rebuilt
+    from its run's `config.json` (`config`, else the one `agents.runs.find_config` finds) and
+    the weights and optimiser state are read as tensors (`read_sb3_zip`); the step count comes
+    with them. `allow_pickle=True` loads with SB3's own loader instead (which unpickles, so it can
+    run code): the way to load a model with no burstgym run configuration, such as rl-zoo3's."""
+    from agents import runs
+
     check_algo(algo, sb3=True)
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {str(path)!r} does not exist")
-    return ALGOS[algo].load(path, env=env, device=check_device(device))
+    if allow_pickle:
+        try:
+            return ALGOS[algo].load(path, env=env, device=check_device(device))
+        except (zipfile.BadZipFile, EOFError, KeyError, AssertionError, pickle.UnpicklingError) as e:
+            raise ValueError(f"{path}: not a readable SB3 model file ({_line(e)})") from None
+    data, states = read_sb3_zip(path)
+    where = runs.run_dir_of(path) / runs.CONFIG
+    if config is None:
+        found = runs.find_config(path)
+        if found is None:
+            raise ValueError(
+                f"{path}: no {runs.CONFIG} of a burstgym run beside it, so its network cannot be rebuilt "
+                f"without unpickling the file; {PICKLE_HINT}"
+            )
+        where, config = found
+    runs.require(config, where, "algo", "scenario", "settings", "hyperparams")
+    if config["algo"] != algo:
+        raise ValueError(f"{path}: trained with {config['algo']!r} ({where}), not {algo!r}")
+    n_nodes = _n_nodes(config, where)
+    try:
+        model = build_model(algo, config["hyperparams"], n_nodes, env=env, device=device)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{where}: hyperparams: {_line(e)}") from None
+    extra = {k: v for k, v in states.pop("pytorch_variables", {}).items()}
+    if extra:
+        raise ValueError(f"{path}: torch variables {sorted(extra)} are not supported for {algo}")
+    try:
+        model.set_parameters(states, exact_match=True, device=model.device)
+    except (RuntimeError, ValueError, KeyError) as e:
+        raise ValueError(f"{path}: the weights do not fit the network of {where} ({_line(e)})") from None
+    for key in ("num_timesteps", "_n_updates"):
+        value = data.get(key, 0)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{path}: data entry {key!r} is not a step count: {value!r}")
+        setattr(model, key, value)
+    return model
+
+
+def _n_nodes(config: dict[str, Any], where: Path) -> int:
+    """The cluster size of a run configuration, its settings validated as the scenario's."""
+    from burstgym import scenarios
+
+    if not isinstance(config["settings"], dict) or not isinstance(config["scenario"], str):
+        raise ValueError(f"{where}: 'scenario' must be a name and 'settings' a mapping")
+    try:
+        return scenarios.settings_for(config["scenario"], **config["settings"])[1].n_nodes
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{where}: {_line(e)}") from None
 
 
 # ------------------------------------------------------------------------- observation normalisation
@@ -141,34 +290,176 @@ def normalize_env(env: VecEnv, kwargs: dict[str, Any] | None) -> VecEnv:
     return env if kwargs is None else NodeVecNormalize(env, **kwargs)
 
 
+STATS_FORMAT = "burstgym-observation-normalization"
+
+
 def vecnormalize_path(model_path: str | Path) -> Path | None:
-    """The normalisation statistics saved with a model, or None: `<prefix>_vecnormalize_<N>_steps.pkl`
-    beside an SB3 checkpoint `<prefix>_<N>_steps.zip`, `<stem>_vecnormalize.pkl` (train.py's
-    `best_model_vecnormalize.pkl`), then `vecnormalize.pkl` in the model's directory (train.py's
-    final model, rl-zoo3's best model) or in `<stem>/` (rl-zoo3's final model)."""
+    """The normalisation statistics saved with a model, or None: `<prefix>_vecnormalize_<N>_steps`
+    beside a checkpoint `<prefix>_<N>_steps.zip`, `<stem>_vecnormalize` (train.py's
+    `best_model_vecnormalize`), then `vecnormalize` in the model's directory (train.py's final
+    model, rl-zoo3's best model) or in `<stem>/` (rl-zoo3's final model); at each place the JSON
+    statistics train.py writes (`.json`) before a pickle (`.pkl`: SB3's and rl-zoo3's)."""
     path = Path(model_path)
-    candidates = []
+    stems = []
     m = re.fullmatch(r"(.*)_(\d+)_steps", path.stem)
     if m:
-        candidates.append(path.with_name(f"{m.group(1)}_vecnormalize_{m.group(2)}_steps.pkl"))
-    candidates += [
-        path.with_name(f"{path.stem}_vecnormalize.pkl"),
-        path.with_name("vecnormalize.pkl"),
-        path.parent / path.stem / "vecnormalize.pkl",
+        stems.append(path.with_name(f"{m.group(1)}_vecnormalize_{m.group(2)}_steps"))
+    stems += [
+        path.with_name(f"{path.stem}_vecnormalize"),
+        path.with_name("vecnormalize"),
+        path.parent / path.stem / "vecnormalize",
     ]
+    candidates = [stem.with_suffix(ext) for stem in stems for ext in (".json", ".pkl")]
     return next((c for c in candidates if c.is_file()), None)
 
 
-def load_normalization(path: str | Path, venv: VecEnv | None = None) -> VecNormalize:
-    """Saved normalisation statistics, frozen (no updates, rewards as they are), for inference."""
-    import pickle
+def _moments(rms: RunningMeanStd) -> dict[str, Any]:
+    return {
+        "mean": np.asarray(rms.mean).tolist(),
+        "var": np.asarray(rms.var).tolist(),
+        "count": float(rms.count),
+    }
 
-    with open(path, "rb") as f:
-        norm = pickle.load(f)
+
+def save_normalization(norm: VecNormalize, path: str | Path) -> None:
+    """Write `norm`'s settings and statistics as JSON (atomically): a data file, which loading
+    never executes, unlike VecNormalize.save's pickle."""
+    from agents.runs import atomic
+
+    rms = norm.obs_rms
+    if isinstance(rms, NodePooledRunningMeanStd):
+        obs = {"nodes": rms.n_nodes, "node": _moments(rms.node), "global": _moments(rms.glob)}
+    else:
+        obs = _moments(rms)
+    blob = {
+        "format": STATS_FORMAT,
+        "version": 1,
+        **{k: getattr(norm, k) for k in ("norm_obs", "norm_reward")},
+        **{k: float(getattr(norm, k)) for k in ("clip_obs", "clip_reward", "gamma", "epsilon")},
+        "obs_rms": obs,
+        "ret_rms": _moments(norm.ret_rms),
+    }
+    with atomic(path) as tmp:
+        tmp.write_text(json.dumps(blob, indent=1) + "\n")
+
+
+@dataclass(frozen=True)
+class ObsNormalization:
+    """Normalisation statistics read from a file: what `PolicyRouter` applies (the attributes it
+    reads of a VecNormalize), and `wrap` to continue training with them."""
+
+    norm_obs: bool
+    norm_reward: bool
+    clip_obs: float
+    clip_reward: float
+    gamma: float
+    epsilon: float
+    obs_rms: RunningMeanStd
+    ret_rms: RunningMeanStd
+
+    def wrap(self, venv: VecEnv, training: bool) -> VecNormalize:
+        """`venv` normalised with these statistics: updated and rewards normalised as saved when
+        `training`, frozen with rewards as they are otherwise."""
+        kwargs = {
+            k: getattr(self, k) for k in ("norm_obs", "norm_reward", "clip_obs", "clip_reward", "gamma")
+        }
+        pooled = isinstance(self.obs_rms, NodePooledRunningMeanStd)
+        norm = (NodeVecNormalize if pooled else VecNormalize)(venv, epsilon=self.epsilon, **kwargs)
+        if norm.obs_rms.mean.shape != self.obs_rms.mean.shape:
+            raise ValueError(
+                f"statistics of {self.obs_rms.mean.shape[0]} observation values for observations of "
+                f"{norm.obs_rms.mean.shape[0]}"
+            )
+        norm.obs_rms, norm.ret_rms = self.obs_rms.copy(), self.ret_rms.copy()
+        norm.training = training
+        norm.norm_reward = self.norm_reward and training
+        return norm
+
+
+def _read_moments(blob: Any, where: str, size: int | None) -> RunningMeanStd:
+    if not isinstance(blob, dict) or set(blob) != {"mean", "var", "count"}:
+        raise ValueError(f"{where}: expected mean, var and count")
+    try:
+        mean, var = (np.asarray(blob[k], dtype=np.float64) for k in ("mean", "var"))
+        count = float(blob["count"])
+    except (TypeError, ValueError):
+        raise ValueError(f"{where}: mean, var and count must be numbers") from None
+    if mean.shape != var.shape or mean.ndim > 1 or (size is not None and mean.shape != (size,)):
+        raise ValueError(
+            f"{where}: mean and var must be {size or 'equal'}-long lists, got {mean.shape}, {var.shape}"
+        )
+    if not (np.isfinite(mean).all() and np.isfinite(var).all() and (var >= 0).all() and count > 0):
+        raise ValueError(f"{where}: statistics must be finite, var >= 0 and count > 0")
+    rms = RunningMeanStd(shape=mean.shape)
+    rms.mean, rms.var, rms.count = mean, var, count
+    return rms
+
+
+def read_normalization(path: str | Path) -> ObsNormalization:
+    """JSON statistics written by `save_normalization`, checked field by field; a damaged or
+    foreign file is refused in one line naming it."""
+    path = Path(path)
+    try:
+        blob = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(
+            f"{path}: not readable normalisation statistics (truncated or damaged: {_line(e)})"
+        ) from None
+    if not isinstance(blob, dict) or blob.get("format") != STATS_FORMAT or blob.get("version") != 1:
+        raise ValueError(
+            f"{path}: not normalisation statistics written by train.py ({STATS_FORMAT}, version 1)"
+        )
+    flags, numbers = ("norm_obs", "norm_reward"), ("clip_obs", "clip_reward", "gamma", "epsilon")
+    for k in flags:
+        if not isinstance(blob.get(k), bool):
+            raise ValueError(f"{path}: {k!r} must be true or false")
+    for k in numbers:
+        v = blob.get(k)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            raise ValueError(f"{path}: {k!r} must be a finite number >= 0, got {v!r}")
+    obs = blob.get("obs_rms")
+    if isinstance(obs, dict) and "nodes" in obs:
+        n = obs["nodes"]
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1 or set(obs) != {"nodes", "node", "global"}:
+            raise ValueError(f"{path}: obs_rms: expected nodes (a positive integer), node and global")
+        obs_rms = NodePooledRunningMeanStd(n)
+        obs_rms.node = _read_moments(obs["node"], f"{path}: obs_rms.node", len(NODE_FEATURES))
+        obs_rms.glob = _read_moments(obs["global"], f"{path}: obs_rms.global", len(GLOBAL_FEATURES))
+        obs_rms._sync()
+    else:
+        obs_rms = _read_moments(obs, f"{path}: obs_rms", None)
+    ret_rms = _read_moments(blob.get("ret_rms"), f"{path}: ret_rms", None)
+    return ObsNormalization(
+        *(blob[k] for k in flags), *(float(blob[k]) for k in numbers), obs_rms=obs_rms, ret_rms=ret_rms
+    )
+
+
+def load_normalization(
+    path: str | Path, venv: VecEnv | None = None, training: bool = False, allow_pickle: bool = False
+) -> ObsNormalization | VecNormalize:
+    """Saved normalisation statistics: wrapped around `venv` (frozen for inference, or updated as
+    saved with `training`), or, without `venv`, what a router applies. JSON files are read as data;
+    a pickle (`.pkl`, SB3's VecNormalize.save) only with `allow_pickle`, since unpickling can run
+    any code."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"normalisation statistics {str(path)!r} do not exist")
+    if path.suffix != ".pkl":
+        stats = read_normalization(path)
+        return stats if venv is None else stats.wrap(venv, training)
+    if not allow_pickle:
+        raise ValueError(f"{path}: a pickle, not loaded (burstgym writes statistics as JSON); {PICKLE_HINT}")
+    try:
+        with open(path, "rb") as f:
+            norm = pickle.load(f)
+    except (pickle.UnpicklingError, EOFError, AttributeError, ImportError, IndexError) as e:
+        raise ValueError(f"{path}: not readable normalisation statistics ({_line(e)})") from None
+    if not isinstance(norm, VecNormalize):
+        raise ValueError(f"{path}: holds a {type(norm).__name__}, not VecNormalize statistics")
     if venv is not None:
         norm.set_venv(venv)
-    norm.training = False
-    norm.norm_reward = False
+    norm.training = training
+    norm.norm_reward = norm.norm_reward and training
     return norm
 
 
@@ -192,7 +483,7 @@ class PolicyRouter:
         model: BaseAlgorithm,
         name: str = "learned",
         deterministic: bool = True,
-        normalize: VecNormalize | None = None,
+        normalize: VecNormalize | ObsNormalization | None = None,
     ):
         self.model = model
         self.name = name
@@ -280,10 +571,12 @@ def load_router(
     device: str = "cpu",
     deterministic: bool = True,
     require_normalization: bool = False,
+    allow_pickle: bool = False,
 ) -> Any:
     """A saved model as a router, with the normalisation statistics saved beside it
     (`vecnormalize_path`); `require_normalization` refuses a model whose statistics are missing.
-    A jax-ppo checkpoint holds its statistics (`agents.jax_ppo.JaxPolicyRouter`)."""
+    Nothing in the files runs unless `allow_pickle` (see `load_model`, `load_normalization`).
+    A jax-ppo checkpoint is data and holds its statistics (`agents.jax_ppo.JaxPolicyRouter`)."""
     check_algo(algo)
     if algo in JAX_ALGOS:
         from agents.jax_ppo import JaxPolicyRouter
@@ -294,14 +587,14 @@ def load_router(
                 f"model {str(path)!r} was trained on normalised observations but holds no statistics"
             )
         return router
-    model = load_model(path, algo, device=device)
+    model = load_model(path, algo, device=device, allow_pickle=allow_pickle)
     stats = vecnormalize_path(path)
     if stats is None and require_normalization:
         raise FileNotFoundError(
             f"model {str(path)!r} was trained on normalised observations but no statistics "
-            "(vecnormalize.pkl) lie beside it"
+            "(vecnormalize.json) lie beside it"
         )
-    norm = load_normalization(stats) if stats is not None else None
+    norm = load_normalization(stats, allow_pickle=allow_pickle) if stats is not None else None
     return PolicyRouter(model, name, deterministic=deterministic, normalize=norm)
 
 

@@ -92,9 +92,14 @@ def check_error(error: Any, where: str = "") -> None:
         raise RuntimeError(f"simulation error{where}: {reasons}")
 
 
+def spaces(n_nodes: int) -> tuple[gym.spaces.Box, gym.spaces.Discrete]:
+    """The observation and action spaces of one cluster of `n_nodes` nodes."""
+    obs = gym.spaces.Box(0.0, OBS_HIGH, shape=(obs_size(n_nodes),), dtype=np.float32)
+    return obs, gym.spaces.Discrete(n_nodes)
+
+
 def _spaces(cfg: EnvConfig) -> tuple[gym.spaces.Box, gym.spaces.Discrete]:
-    obs = gym.spaces.Box(0.0, OBS_HIGH, shape=(obs_size(cfg.n_nodes),), dtype=np.float32)
-    return obs, gym.spaces.Discrete(cfg.n_nodes)
+    return spaces(cfg.n_nodes)
 
 
 def _check_action(action: Any, n_nodes: int) -> int:
@@ -205,8 +210,13 @@ class BurstBalanceEnv(gym.Env):
         """An RGB frame: per node running and waiting requests (bars) and its power state (tick
         label); on a second axis the KV share held by running requests and by the prefix cache;
         the arriving request's prompt and each node's cached prefix of it (tick label, title)."""
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
+        try:
+            from matplotlib.backends.backend_agg import FigureCanvasAgg
+            from matplotlib.figure import Figure
+        except ImportError:  # not in the base install
+            raise gym.error.DependencyNotInstalled(
+                'render_mode="rgb_array" draws with matplotlib: pip install "burstgym[train]" (or matplotlib)'
+            ) from None
 
         fig = Figure(figsize=(6.4, 3.6), dpi=80)
         FigureCanvasAgg(fig)

@@ -16,10 +16,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -39,6 +42,7 @@ from burstgym.workload import (
     Workload,
     load_trace,
 )
+from burstgym.workload.base import INT32_MAX, float_dtype
 
 DEFAULT_PROFILE = "h100-llama-3-8b-tp1"
 LARGE_GPU_BYTES = 70 * 2**30  # vLLM's threshold for the larger batch defaults
@@ -120,27 +124,105 @@ class Settings:
     max_prefix_blocks: int = 512  # bound on a trace request's prefix blocks (a longer one is refused)
 
     def validate(self) -> None:
-        """Refuse impossible settings, naming the field."""
-        positive_int = (
-            "n_nodes",
-            "episode_length",
-            "block_size",
-            "max_batch_size",
-            "queue_capacity",
-            "prompt_max",
-            "output_max",
-            "prefix_groups",
-            "prefix_max",
-            "chunk_tokens",
-            "conv_max_turns",
-            "max_prefix_blocks",
-        )
-        for name in positive_int:
-            _check_int(name, getattr(self, name))
-        for name in ("max_num_seqs", "max_num_batched_tokens", "kv_capacity_tokens", "slots"):
+        """Refuse impossible settings with a one-line ValueError naming the field: the type (a
+        string, a bool or a float where an integer is expected, a bool or a string where a number
+        is), the range, and the integer width the core stores it in (int32), before anything
+        reaches JAX. NumPy scalars count as the Python numbers they hold."""
+        for name, (low, high) in _INTEGERS.items():
+            _check_int(name, getattr(self, name), low, high)
+        for name in _OPTIONAL_INTEGERS:
             if getattr(self, name) is not None:
-                _check_int(name, getattr(self, name))
-        positive = (
+                _check_int(name, getattr(self, name), 1, INT32_MAX)
+        for name, (low, high, inclusive, infinite) in _REALS.items():
+            _check_real(name, getattr(self, name), low, high, inclusive, infinite)
+        if self.slots is not None and self.slots > self.episode_length:
+            raise ValueError(
+                f"scenario setting 'slots' ({self.slots}) exceeds episode_length ({self.episode_length}): "
+                "a node never holds more requests than the episode has"
+            )
+        if self.chunk_tokens % self.block_size:
+            raise ValueError(
+                f"scenario setting 'chunk_tokens' ({self.chunk_tokens}) must be a multiple of block_size "
+                f"({self.block_size})"
+            )
+        if self.system_tokens % 512:
+            raise ValueError(
+                "scenario setting 'system_tokens' must be a whole number of 512-token chunks, "
+                f"got {self.system_tokens!r}"
+            )
+        choices = {
+            "scheduler": SCHEDULERS,
+            "objective": OBJECTIVES,
+            "reward": REWARDS,
+            "end": ENDS,
+            "power": POWER_MODELS,
+        }
+        for name, valid in choices.items():
+            v = getattr(self, name)
+            if not isinstance(v, str) or v not in valid:
+                raise ValueError(f"scenario setting {name!r} must be one of {valid}, got {v!r}")
+        for name in ("prefix_caching", "padding"):
+            if not isinstance(getattr(self, name), (bool, np.bool_)):
+                raise ValueError(
+                    f"scenario setting {name!r} must be True or False, got {getattr(self, name)!r}"
+                )
+        if not isinstance(self.slot_widths, tuple):
+            raise ValueError(
+                "scenario setting 'slot_widths' must be a tuple of positive integers, "
+                f"got {self.slot_widths!r}"
+            )
+        for w in self.slot_widths:
+            _check_int("slot_widths", w, 1, INT32_MAX, f" (each entry of {self.slot_widths!r})")
+        for name in ("profile", "speed"):
+            v = getattr(self, name)
+            if isinstance(v, tuple) and len(v) != self.n_nodes:
+                raise ValueError(f"scenario setting {name!r} has {len(v)} entries for {self.n_nodes} nodes")
+        for v in self.speed if isinstance(self.speed, tuple) else (self.speed,):
+            _check_real("speed", v, 0.0, None, False, False)
+        for v in self.profile if isinstance(self.profile, tuple) else (self.profile,):
+            if not isinstance(v, str) or not v:
+                raise ValueError(
+                    "scenario setting 'profile' must be a profile name or a tuple of them, "
+                    f"got {self.profile!r}"
+                )
+        if self.engine is not None and (not isinstance(self.engine, str) or not self.engine):
+            raise ValueError(f"scenario setting 'engine' must be an engine name or None, got {self.engine!r}")
+        if self.trace is not None and not isinstance(self.trace, (str, os.PathLike)):
+            raise ValueError(f"scenario setting 'trace' must be a file path or None, got {self.trace!r}")
+
+
+MAX_NODES = 4096  # per-node arrays and an observation of 11 N + 4 values
+MAX_EPISODE = 2**24  # arrivals per episode: the stream and the request log are held in memory
+MAX_TOKENS = 2**24  # tokens of one prompt, output or shared prefix (beyond any model's context)
+MAX_TURNS = 1024  # turns of one conversation (the sessions are drawn as [sessions, turns] arrays)
+# Chunk ids the shared prefixes name (groups x chunks of the longest prefix): every node's prefix
+# cache holds arrays over the episode's chunk ids (burstgym.prefix_cache), so this bounds memory.
+MAX_SHARED_CHUNKS = 2**16
+MAX_CHUNK_IDS = 2**24  # every chunk id of an episode (shared and per-request)
+
+# name: (low, high) of the integer settings
+_INTEGERS: dict[str, tuple[int, int]] = {
+    "n_nodes": (1, MAX_NODES),
+    "episode_length": (1, MAX_EPISODE),
+    "block_size": (1, INT32_MAX),
+    "max_batch_size": (1, INT32_MAX),
+    "queue_capacity": (1, INT32_MAX),
+    "prompt_max": (1, MAX_TOKENS),
+    "output_max": (1, MAX_TOKENS),
+    "prefix_groups": (1, INT32_MAX),
+    "prefix_max": (1, MAX_TOKENS),
+    "chunk_tokens": (1, INT32_MAX),
+    "conv_max_turns": (1, MAX_TURNS),
+    "system_tokens": (0, MAX_TOKENS),
+    "max_prefix_blocks": (1, INT32_MAX),
+}
+_OPTIONAL_INTEGERS = ("max_num_seqs", "max_num_batched_tokens", "kv_capacity_tokens", "slots")
+_OPEN, _CLOSED = False, True
+# name: (low, high, low inclusive, inf allowed) of the real-valued settings
+_REALS: dict[str, tuple[float, float | None, bool, bool]] = {
+    **{
+        name: (0.0, None, _OPEN, False)
+        for name in (
             "load",
             "burst_on",
             "burst_off",
@@ -156,14 +238,12 @@ class Settings:
             "prefix_median",
             "prefix_sigma",
             "prefix_zipf",
-            "conv_turns",
             "think_time",
         )
-        for name in positive:
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-                raise ValueError(f"scenario setting {name!r} must be a positive number, got {v!r}")
-        non_negative = (
+    },
+    **{
+        name: (0.0, None, _CLOSED, False)
+        for name in (
             "max_queue_delay",
             "wake_delay",
             "drop_penalty",
@@ -172,68 +252,61 @@ class Settings:
             "sleep_power_fraction",
             "signal_interval",
         )
-        for name in non_negative:
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-                raise ValueError(f"scenario setting {name!r} must be a finite number >= 0, got {v!r}")
-        if not isinstance(self.sleep_timeout, (int, float)) or not self.sleep_timeout >= 0:
-            raise ValueError(
-                f"scenario setting 'sleep_timeout' must be >= 0 (inf: never), got {self.sleep_timeout!r}"
-            )
-        if not isinstance(self.burst_ratio, (int, float)) or not self.burst_ratio >= 1:
-            raise ValueError(
-                f"scenario setting 'burst_ratio' must be >= 1 (inf: silent gaps), got {self.burst_ratio!r}"
-            )
-        if not 0.0 <= self.prefix_share <= 1.0:
-            raise ValueError(f"scenario setting 'prefix_share' must be in [0, 1], got {self.prefix_share!r}")
-        if self.conv_turns < 1:
-            raise ValueError(f"scenario setting 'conv_turns' must be >= 1, got {self.conv_turns!r}")
-        if self.chunk_tokens % self.block_size:
-            raise ValueError(
-                f"scenario setting 'chunk_tokens' ({self.chunk_tokens}) must be a multiple of block_size "
-                f"({self.block_size})"
-            )
-        if self.system_tokens < 0 or self.system_tokens % 512:
-            raise ValueError(
-                "scenario setting 'system_tokens' must be a whole number of 512-token chunks, "
-                f"got {self.system_tokens!r}"
-            )
-        choices = {
-            "scheduler": SCHEDULERS,
-            "objective": OBJECTIVES,
-            "reward": REWARDS,
-            "end": ENDS,
-            "power": POWER_MODELS,
-        }
-        for name, valid in choices.items():
-            if getattr(self, name) not in valid:
-                raise ValueError(
-                    f"scenario setting {name!r} must be one of {valid}, got {getattr(self, name)!r}"
-                )
-        for name in ("prefix_caching", "padding"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(
-                    f"scenario setting {name!r} must be True or False, got {getattr(self, name)!r}"
-                )
-        if not isinstance(self.slot_widths, tuple) or any(
-            isinstance(w, bool) or not isinstance(w, (int, np.integer)) or w < 1 for w in self.slot_widths
-        ):
-            raise ValueError(
-                "scenario setting 'slot_widths' must be a tuple of positive integers, "
-                f"got {self.slot_widths!r}"
-            )
-        for name in ("profile", "speed"):
-            v = getattr(self, name)
-            if isinstance(v, tuple) and len(v) != self.n_nodes:
-                raise ValueError(f"scenario setting {name!r} has {len(v)} entries for {self.n_nodes} nodes")
-        speeds = self.speed if isinstance(self.speed, tuple) else (self.speed,)
-        if any(isinstance(s, bool) or not isinstance(s, (int, float)) or not s > 0 for s in speeds):
-            raise ValueError(f"scenario setting 'speed' must be positive, got {self.speed!r}")
+    },
+    "sleep_timeout": (0.0, None, _CLOSED, True),  # inf: never sleeps
+    "burst_ratio": (1.0, None, _CLOSED, True),  # inf: silent gaps between bursts
+    "prefix_share": (0.0, 1.0, _CLOSED, False),
+    "conv_turns": (1.0, None, _CLOSED, False),
+}
 
 
-def _check_int(name: str, v) -> None:
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-        raise ValueError(f"scenario setting {name!r} must be a positive integer, got {v!r}")
+def _is_int(v) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
+def _is_real(v) -> bool:
+    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
+
+
+def _check_int(name: str, v, low: int, high: int, where: str = "") -> None:
+    """`v` an integer (Python or NumPy, not a bool or a float) in [low, high]."""
+    if not _is_int(v):
+        kind = "a whole number given as a float" if isinstance(v, (float, np.floating)) else type(v).__name__
+        raise ValueError(f"scenario setting {name!r} must be an integer, got {v!r} ({kind}){where}")
+    if not low <= v <= high:
+        what = "a positive integer" if low == 1 else f"an integer >= {low}"
+        bound = " (int32)" if high == INT32_MAX else ""
+        raise ValueError(f"scenario setting {name!r} must be {what} <= {high:,}{bound}, got {v!r}{where}")
+
+
+def _check_real(name: str, v, low: float, high: float | None, inclusive: bool, infinite: bool) -> None:
+    """`v` a number (Python or NumPy, not a bool or a string), finite unless `infinite`, above `low`
+    (at `low` too when `inclusive`), at most `high`, and representable in JAX's float dtype."""
+    if not _is_real(v):
+        raise ValueError(f"scenario setting {name!r} must be a number, got {v!r} ({type(v).__name__})")
+    x = float(v)
+    if math.isnan(x) or (math.isinf(x) and not (infinite and x > 0)):
+        raise ValueError(f"scenario setting {name!r} must be a finite number, got {v!r}")
+    ok = (x >= low if inclusive else x > low) and (high is None or x <= high)
+    if not ok:
+        rng = f"in [{low:g}, {high:g}]" if high is not None else f"{'>=' if inclusive else '>'} {low:g}"
+        raise ValueError(f"scenario setting {name!r} must be {rng}, got {v!r}")
+    biggest = float(np.finfo(float_dtype()).max)
+    if math.isfinite(x) and abs(x) > biggest:
+        raise ValueError(
+            f"scenario setting {name!r} ({v!r}) exceeds the largest {float_dtype()} ({biggest:g})"
+        )
+
+
+def _plain(v):
+    """NumPy scalars as the Python numbers they hold (tuples element-wise), lists as tuples."""
+    if isinstance(v, (list, tuple)):
+        return tuple(_plain(x) for x in v)
+    if isinstance(v, np.generic) and not isinstance(v, np.bool_):
+        return v.item()
+    if isinstance(v, np.bool_):
+        return bool(v)
+    return v
 
 
 @dataclass(frozen=True)
@@ -349,7 +422,21 @@ def _workload(scenario: Scenario, s: Settings) -> Workload:
     if scenario.name == "trace" or s.trace is not None:
         if s.trace is None:
             raise ValueError("scenario 'trace' needs a trace file: make('trace', trace='path/to/file.csv')")
-        return Workload(arrivals=TraceReplay(_trace(str(s.trace), s.max_prefix_blocks)))
+        path = str(s.trace)
+        trace = _trace(path, s.max_prefix_blocks)
+        try:
+            return Workload(arrivals=TraceReplay(trace))
+        except ValueError as e:  # what replay needs of a trace (two requests, a positive duration)
+            raise ValueError(f"{path}: {e}") from None
+    if s.prefix_share > 0:
+        chunks = -(-s.prefix_max // s.chunk_tokens)
+        if s.prefix_groups * chunks > MAX_SHARED_CHUNKS:
+            raise ValueError(
+                f"scenario setting 'prefix_groups' ({s.prefix_groups:,}) x {chunks} chunks per prefix "
+                f"(prefix_max {s.prefix_max} / chunk_tokens {s.chunk_tokens}) names more than "
+                f"{MAX_SHARED_CHUNKS:,} shared chunk ids; at most {MAX_SHARED_CHUNKS // chunks:,} groups "
+                "at these settings"
+            )
     prompt = LogNormalLengths(median=s.prompt_median, sigma=s.prompt_sigma, max_tokens=s.prompt_max)
     output = LogNormalLengths(median=s.output_median, sigma=s.output_sigma, max_tokens=s.output_max)
     prefix = None
@@ -362,6 +449,42 @@ def _workload(scenario: Scenario, s: Settings) -> Workload:
             chunk_tokens=s.chunk_tokens,
         )
     return Workload(arrivals=scenario.arrivals(s), prompt=prompt, output=output, prefix=prefix)
+
+
+class LoadWarning(UserWarning):
+    """A setting asks for a load the episode cannot show (see `make`)."""
+
+
+def _check_chunk_ids(workload: Workload, s: Settings) -> None:
+    """Refuse an episode whose prefix chunks need more ids than `MAX_CHUNK_IDS` (the core numbers
+    them in int32 and every node's prefix cache holds arrays over them). The count is the shape
+    the workload's own sampler produces, traced without running it."""
+    shapes = jax.eval_shape(lambda key: workload.sample(key, s.episode_length), jax.random.key(0))
+    ids = int(shapes.chunk_tokens.shape[0])
+    if ids > MAX_CHUNK_IDS:
+        raise ValueError(
+            f"scenario settings name {ids:,} prefix chunk ids per episode, above the bound of "
+            f"{MAX_CHUNK_IDS:,}: lower 'episode_length' ({s.episode_length:,}) or raise 'chunk_tokens' "
+            f"({s.chunk_tokens})"
+        )
+
+
+def _warn_unreachable_load(s: Settings, caps: list[capacity.Capacity]) -> None:
+    """Warn (`LoadWarning`) when a load above 1 cannot show in the episode: under continuous
+    batching the nodes' running sets hold about `sum(concurrency)` requests at saturation; an
+    episode with no more arrivals than that can admit every request at once, so a balanced router
+    queues and drops nothing whatever the load (docs/workloads.md, "Overload")."""
+    held = sum(c.concurrency for c in caps)
+    if s.scheduler == "continuous" and s.load > 1 and s.episode_length <= held:
+        warnings.warn(
+            f"load {s.load:g} cannot show in an episode of {s.episode_length:,} arrivals: the "
+            f"{s.n_nodes} nodes' running sets hold about {held:,.0f} requests at saturation, so a "
+            "balanced router admits every arrival at once and the excess load shows only as slower "
+            f"iterations, not as queues or drops; overload needs episode_length well above {held:,.0f} "
+            "(docs/workloads.md, 'Overload')",
+            LoadWarning,
+            stacklevel=3,
+        )
 
 
 def vllm_batch_defaults(profile: Profile) -> tuple[int, int]:
@@ -381,10 +504,11 @@ def settings_for(name: str, **overrides) -> tuple[Scenario, Settings]:
         raise ValueError(
             f"unknown scenario setting {unknown[0]!r}; valid settings: {', '.join(sorted(known))}"
         )
-    overrides = {k: (tuple(v) if isinstance(v, list) else v) for k, v in overrides.items() if v is not None}
+    overrides = {k: _plain(v) for k, v in overrides.items() if v is not None}
     s = Settings(**{**scenario.settings, **overrides})
     s.validate()
-    return scenario, s
+    # numbers as floats where floats are meant (an int above int32 would overflow in JAX)
+    return scenario, dataclasses.replace(s, **{name: float(getattr(s, name)) for name in _REALS})
 
 
 def make(name: str, **overrides) -> tuple[EnvConfig, EnvParams]:
@@ -403,7 +527,7 @@ def make(name: str, **overrides) -> tuple[EnvConfig, EnvParams]:
         if kv < longest:
             raise ValueError(
                 f"node {i}: KV capacity {kv} tokens cannot hold the longest request ({longest} tokens); "
-                "lower prompt_max/output_max or pick a larger GPU profile"
+                "lower prompt_max/output_max, raise kv_capacity_tokens or pick a larger GPU profile"
             )
     prompts, outputs = capacity.sample_lengths(workload)
     caps = []
@@ -415,13 +539,27 @@ def make(name: str, **overrides) -> tuple[EnvConfig, EnvParams]:
                 capacity.dynamic_capacity(p.latency, v, s.max_batch_size, prompts, outputs, s.padding)
             )
     cluster_capacity = float(sum(c.rps for c in caps))
+    fdt = jnp.result_type(float)
+    smallest, largest = float(np.finfo(fdt).tiny), float(np.finfo(fdt).max)
+    for i, c in enumerate(caps):
+        if not smallest <= c.rps <= largest:
+            raise ValueError(
+                f"node {i}: settings give a capacity of {c.rps:g} requests/s, which {fdt} cannot hold "
+                "(check 'speed' and the batch limits)"
+            )
     rate = s.load * cluster_capacity
+    if not smallest <= rate <= largest:
+        raise ValueError(
+            f"scenario setting 'load' ({s.load:g}) gives an arrival rate of {rate:g} requests/s "
+            f"(capacity {cluster_capacity:g}/s), which {fdt} cannot hold"
+        )
     workload = workload.with_rate(rate)
+    _check_chunk_ids(workload, s)
+    _warn_unreachable_load(s, caps)
 
     def arr(values, dtype=None):
         return jnp.asarray(np.asarray(values), dtype=dtype)
 
-    fdt = jnp.result_type(float)
     node_power = [
         p.power if s.power == "roofline" else flat_power_model(p.idle_power_w, p.busy_power_w)
         for p in profiles

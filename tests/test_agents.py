@@ -166,7 +166,14 @@ def test_pooled_normalisation_keeps_differences_between_nodes():
 def test_saved_model_and_statistics_act_as_in_training(tmp_path):
     """A model trained on normalised observations, saved with its VecNormalize statistics and
     loaded as a router, takes the actions the training loop's policy takes."""
-    from agents.learners import NodeVecNormalize, PolicyRouter, load_router, make_model, normalize_env
+    from agents.learners import (
+        NodeVecNormalize,
+        PolicyRouter,
+        load_router,
+        make_model,
+        normalize_env,
+        save_normalization,
+    )
     from agents.sb3_vec_env import JaxVecEnv
 
     env = normalize_env(
@@ -182,7 +189,8 @@ def test_saved_model_and_statistics_act_as_in_training(tmp_path):
     in_training, _ = model.predict(env.normalize_obs(raw), deterministic=True)
     assert np.array_equal(PolicyRouter(model, normalize=env)(raw), in_training)
     model.save(tmp_path / "model.zip")
-    env.save(tmp_path / "vecnormalize.pkl")
+    save_normalization(env, tmp_path / "vecnormalize.json")
+    _run_config(tmp_path, n_steps=16)
     env.close()
     router = load_router(tmp_path / "model.zip", "ppo", require_normalization=True)
     assert np.array_equal(router(raw), in_training)
@@ -197,9 +205,20 @@ def test_missing_statistics_are_refused(tmp_path, vec_env):
 
     model = make_model("ppo", vec_env, "bursty", seed=0, tensorboard_log=None, overrides={"n_steps": 16})
     model.save(tmp_path / "model.zip")
+    _run_config(tmp_path, n_steps=16)
     assert load_router(tmp_path / "model.zip", "ppo").obs_rms is None
-    with pytest.raises(FileNotFoundError, match="vecnormalize.pkl"):
+    with pytest.raises(FileNotFoundError, match="vecnormalize.json"):
         load_router(tmp_path / "model.zip", "ppo", require_normalization=True)
+
+
+def _run_config(run_dir, **hyperparams) -> None:
+    """The config.json train.py would write for a PPO model on 'bursty' (what loading rebuilds)."""
+    from agents.hyperparams import load
+    from agents.runs import write_config
+
+    entry = {**load("ppo", "bursty"), **hyperparams}
+    config = {"algo": "ppo", "scenario": "bursty", "settings": {"episode_length": 16}, "hyperparams": entry}
+    write_config(run_dir, config)
 
 
 def test_vecnormalize_paths_follow_sb3_and_rl_zoo3_names(tmp_path):
@@ -217,6 +236,8 @@ def test_vecnormalize_paths_follow_sb3_and_rl_zoo3_names(tmp_path):
     (zoo / "BurstBalance-v0").mkdir(parents=True)
     (zoo / "BurstBalance-v0" / "vecnormalize.pkl").touch()
     assert vecnormalize_path(zoo / "BurstBalance-v0.zip") == zoo / "BurstBalance-v0" / "vecnormalize.pkl"
+    (tmp_path / "vecnormalize.json").touch()  # train.py's JSON statistics come first
+    assert vecnormalize_path(tmp_path / "model.zip") == tmp_path / "vecnormalize.json"
 
 
 def test_hyperparameter_files_in_rl_zoo3_format(tmp_path):

@@ -3,6 +3,9 @@ and the action mask. Every environment here shares one scenario configuration (o
 
 from __future__ import annotations
 
+import json
+import sys
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -57,6 +60,16 @@ def test_render_modes() -> None:
     assert frame.dtype == np.uint8 and frame.ndim == 3 and frame.shape[2] == 3 and frame.std() > 0
     with pytest.raises(ValueError, match="render_mode 'svg'"):
         gym.make("BurstBalance-v0", **GYM, render_mode="svg")
+
+
+def test_rgb_frames_without_matplotlib_name_the_extra(monkeypatch) -> None:
+    """The base install has no matplotlib: an "rgb_array" frame is refused in one line naming
+    the extra to install (Gymnasium's DependencyNotInstalled), not with a bare import error."""
+    env = gym.make("BurstBalance-v0", **GYM, render_mode="rgb_array")
+    env.reset(seed=0)
+    monkeypatch.setitem(sys.modules, "matplotlib.backends.backend_agg", None)
+    with pytest.raises(gym.error.DependencyNotInstalled, match=r"burstgym\[train\]"):
+        env.render()
 
 
 def test_record_video_writes_an_episode(tmp_path) -> None:
@@ -214,3 +227,99 @@ def test_action_mask_marks_full_queues() -> None:
         seen_full |= not want[0]
         seen_drop |= info["dropped"]
     assert seen_full and seen_drop
+
+
+def _refusal(setting: dict, scenario: str = "steady") -> str:
+    """The message of the ValueError gym.make raises for `setting` (one line)."""
+    with pytest.raises(ValueError) as e:
+        gym.make("BurstBalance-v0", **{"scenario": scenario, "episode_length": 16, **setting})
+    message = str(e.value)
+    assert "\n" not in message
+    return message
+
+
+@pytest.mark.parametrize(
+    ("setting", "field", "why"),
+    [
+        ({"max_num_seqs": 2**32 + 5}, "max_num_seqs", "int32"),  # wrapped to 5 in the core's int32
+        ({"max_num_batched_tokens": 2**32 + 8}, "max_num_batched_tokens", "int32"),
+        ({"queue_capacity": 2**32 + 3}, "queue_capacity", "int32"),
+        ({"kv_capacity_tokens": 2**31}, "kv_capacity_tokens", "int32"),
+        ({"prefix_share": "0.5"}, "prefix_share", "must be a number"),
+        ({"system_tokens": "512"}, "system_tokens", "must be an integer"),
+        ({"system_tokens": 1024.0}, "system_tokens", "whole number given as a float"),
+        ({"profile": 123}, "profile", "profile name"),
+        ({"speed": float("inf")}, "speed", "finite"),
+        ({"speed": (1.0, 1.0, np.inf, 1.0)}, "speed", "finite"),
+        ({"load": float("nan")}, "load", "finite"),
+        ({"load": np.bool_(True)}, "load", "must be a number"),
+        ({"drop_penalty": 1e39}, "drop_penalty", "float32"),
+        ({"n_nodes": 10**6}, "n_nodes", "4,096"),
+        ({"episode_length": 2**31}, "episode_length", "16,777,216"),
+        ({"slots": 17}, "slots", "episode_length"),
+        ({"prompt_max": 2**30}, "prompt_max", "16,777,216"),
+        ({"slot_widths": (32, 2**40)}, "slot_widths", "int32"),
+        ({"engine": 7}, "engine", "engine name"),
+        ({"padding": 1}, "padding", "True or False"),
+        ({"scheduler": ["continuous"]}, "scheduler", "one of"),
+    ],
+)
+def test_bad_settings_are_refused_in_one_line_before_jax(setting, field, why) -> None:
+    """Wrong types, non-finite numbers and integers the core's int32 cannot hold are refused naming
+    the field, before anything is compiled (before: silent int32 wraparound, raw TypeErrors, a
+    JAX error 14 s later, or the wrong field named)."""
+    message = _refusal(setting)
+    assert f"'{field}'" in message and why in message
+
+
+def test_prefix_groups_beyond_the_chunk_id_bound_are_refused_with_the_limit() -> None:
+    """prefix_groups=10**6 ended in a JaxRuntimeError (out of memory); it is refused with the most
+    groups the other settings allow."""
+    message = _refusal({"prefix_groups": 10**6}, scenario="prefix")
+    assert "'prefix_groups'" in message and "at most 2,048 groups" in message
+    scenarios.make("prefix", prefix_groups=2048, episode_length=16)  # the limit itself is accepted
+
+
+def test_a_trace_replay_needs_a_positive_duration_naming_the_file(tmp_path) -> None:
+    path = tmp_path / "same.jsonl"
+    row = {"timestamp": 5, "input_length": 100, "output_length": 5, "hash_ids": [1]}
+    path.write_text(json.dumps(row) + "\n" + json.dumps(row) + "\n")
+    with pytest.raises(ValueError, match=f"{path}: .*positive duration"):
+        scenarios.make("trace", trace=str(path))
+
+
+def test_numpy_scalars_count_as_the_numbers_they_hold() -> None:
+    """np.float32 and np.int64 are accepted as Python floats and ints are (load=np.float32(0.5) was
+    refused while n_nodes=np.int64(4) was accepted), and the settings keep Python types."""
+    cfg, params = scenarios.make("steady", episode_length=16, load=np.float32(0.5), n_nodes=np.int64(4))
+    _, plain = scenarios.make("steady", episode_length=16, load=0.5, n_nodes=4)
+    assert cfg.n_nodes == 4 and type(cfg.n_nodes) is int
+    assert float(params.arrival_rate) == pytest.approx(float(plain.arrival_rate))
+    _, s = scenarios.settings_for("steady", load=np.float64(0.5), speed=(np.float32(1), 2.0), n_nodes=2)
+    assert type(s.load) is float and all(type(v) is float for v in s.speed)
+
+
+def test_integer_settings_reach_the_core_unwrapped() -> None:
+    """The largest int32 is accepted and arrives as it was given."""
+    _, params = scenarios.make("steady", episode_length=16, max_num_seqs=2**31 - 1, queue_capacity=2**31 - 1)
+    assert int(params.nodes.max_num_seqs[0]) == 2**31 - 1 and int(params.nodes.queue_capacity[0]) == 2**31 - 1
+
+
+def test_a_load_the_episode_cannot_show_warns_once() -> None:
+    """load > 1 on an episode the running sets absorb whole warns (once for the same settings);
+    an episode longer than the running sets, or load <= 1, does not."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")
+        for _ in range(2):
+            gym.make("BurstBalance-v0", scenario="steady", load=3.0, episode_length=512)
+        gym.make("BurstBalance-v0", scenario="steady", load=0.9, episode_length=512)
+    load_warnings = [w for w in caught if issubclass(w.category, scenarios.LoadWarning)]
+    assert len(load_warnings) == 1
+    assert "load 3 cannot show" in str(load_warnings[0].message)
+    assert "episode_length well above" in str(load_warnings[0].message)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", scenarios.LoadWarning)
+        scenarios.make("steady", load=3.0, episode_length=8192)
+        scenarios.make("overload")

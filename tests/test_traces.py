@@ -232,3 +232,72 @@ def test_real_trace_replay_reproduces_scaled_gaps_and_pairs(azure_code) -> None:
     np.testing.assert_allclose(np.diff(requests.arrival), gaps, rtol=1e-3, atol=1e-4)
     np.testing.assert_array_equal(requests.prompt, azure_code.prompt[rows])
     np.testing.assert_array_equal(requests.output, azure_code.output[rows])
+
+
+def test_paths_that_are_not_text_traces_are_refused_naming_the_file(tmp_path: Path) -> None:
+    """A directory, a gzip archive (under any name), binary data and non-UTF-8 text are refused in
+    one line naming the file (before: IsADirectoryError, UnicodeDecodeError without the file)."""
+    import gzip
+
+    row = b'{"timestamp": 0, "input_length": 5, "output_length": 5, "hash_ids": [0]}\n'
+    cases = {
+        tmp_path / "a_dir": "a directory",
+        tmp_path / "t.jsonl": "gzip-compressed",
+        tmp_path / "t.csv.gz": "gzip-compressed",
+        tmp_path / "bin.csv": "binary data",
+        tmp_path / "latin.csv": "not UTF-8 text",
+    }
+    (tmp_path / "a_dir").mkdir()
+    (tmp_path / "t.jsonl").write_bytes(gzip.compress(row))
+    (tmp_path / "t.csv.gz").write_bytes(gzip.compress(AZURE_HEADER.encode()))
+    (tmp_path / "bin.csv").write_bytes(bytes(range(256)))
+    latin = "2023-11-16 18:15:46,1\xe9,5\n".encode("latin-1")
+    (tmp_path / "latin.csv").write_bytes(AZURE_HEADER.encode() + latin)
+    for path, why in cases.items():
+        with pytest.raises(ValueError) as error:
+            load_trace(path)
+        assert str(error.value).startswith(f"{path}: {why}") and "\n" not in str(error.value), path
+    with pytest.raises(FileNotFoundError, match="missing.csv"):
+        load_trace(tmp_path / "missing.csv")
+
+
+@pytest.mark.parametrize(
+    ("ids", "match"),
+    [
+        ([-3, 4], r"line 2: field 'hash_ids': block id -3 is outside"),  # was silently dropped
+        ([12345678901234567890123, 4], r"line 2: field 'hash_ids': block id 12345678901234567890123"),
+        ([2**63, 4], r"line 2: field 'hash_ids': block id 9223372036854775808"),
+    ],
+)
+def test_negative_or_oversized_hash_ids_are_refused_naming_file_and_line(tmp_path: Path, ids, match) -> None:
+    good = {"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [0]}
+    bad = {"timestamp": 1, "input_length": 600, "output_length": 1, "hash_ids": ids}
+    path = _write(tmp_path, "ids.jsonl", json.dumps(good) + "\n" + json.dumps(bad) + "\n")
+    with pytest.raises(ValueError, match=match) as error:
+        load_trace(path)
+    assert str(error.value).startswith(str(path))
+    ok = {**bad, "hash_ids": [2**63 - 1, 5]}
+    path = _write(tmp_path, "ok.jsonl", json.dumps(good) + "\n" + json.dumps(ok) + "\n")
+    assert load_trace(path).hash_ids.tolist() == [[0, -1], [1, 2]]
+
+
+def test_token_counts_beyond_int32_are_refused_not_wrapped(tmp_path: Path) -> None:
+    """A prompt of 4,294,967,396 tokens became 100 in the core's int32; it is refused naming file,
+    line and column or field."""
+    rows = "2023-11-16 18:15:46.1,4294967396,5\n2023-11-16 18:15:47.1,100,5\n"
+    csv = _write(tmp_path, "big.csv", AZURE_HEADER + rows)
+    with pytest.raises(ValueError, match=r"big\.csv: line 2: column 'ContextTokens': token count above"):
+        load_trace(csv)
+    row = {"timestamp": 0, "input_length": 100, "output_length": 2**31, "hash_ids": [0]}
+    jsonl = _write(tmp_path, "big.jsonl", json.dumps(row) + "\n")
+    with pytest.raises(ValueError, match=r"big\.jsonl: line 1: field 'output_length': token count above"):
+        load_trace(jsonl)
+    # integers beyond int64 and beyond any float (a TypeError from NumPy before)
+    row = {"timestamp": 0, "input_length": 10**23, "output_length": 1, "hash_ids": [0]}
+    jsonl = _write(tmp_path, "huge.jsonl", json.dumps(row) + "\n")
+    with pytest.raises(ValueError, match=r"huge\.jsonl: line 1: field 'input_length': token count above"):
+        load_trace(jsonl)
+    row = {"timestamp": 10**400, "input_length": 1, "output_length": 1, "hash_ids": [0]}
+    jsonl = _write(tmp_path, "late.jsonl", json.dumps(row) + "\n")
+    with pytest.raises(ValueError, match=r"late\.jsonl: line 1: field 'timestamp': not a finite number"):
+        load_trace(jsonl)

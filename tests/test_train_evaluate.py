@@ -19,6 +19,7 @@ TINY = ["--episode-length", "16"]
 def load_script(name: str):
     spec = importlib.util.spec_from_file_location(f"_{name}", ROOT / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses defined in the script look their module up
     spec.loader.exec_module(module)
     return module
 
@@ -70,14 +71,16 @@ def test_train_saves_a_loadable_model_with_config_and_checkpoints(trained):
     assert model.observation_space.shape == (obs_size(4),)
     config = json.loads((trained / "config.json").read_text())
     assert config["algo"] == "ppo" and config["scenario"] == "prefix" and config["timesteps"] >= 256
+    assert config["status"] == "finished" and config["timesteps_planned"] == 256
     assert config["settings"]["episode_length"] == 16
     assert config["hyperparams"]["target_kl"] == 0.02 and config["stagger"] is True
     assert config["normalize"] == {"norm_obs": True, "norm_reward": False}
     assert {"agreement", "value_explained_variance"} <= set(config["bc"])
     assert list((trained / "checkpoints").glob("*_steps.zip"))
-    for stats in ("vecnormalize.pkl", "best_model_vecnormalize.pkl"):
+    for stats in ("vecnormalize.json", "best_model_vecnormalize.json"):
         assert (trained / stats).is_file(), stats
-    assert list((trained / "checkpoints").glob("*_vecnormalize_*_steps.pkl"))
+    assert list((trained / "checkpoints").glob("*_vecnormalize_*_steps.json"))
+    assert not list(trained.rglob("*.pkl"))  # statistics are data, not pickles
 
 
 def _events(run: Path):
@@ -170,22 +173,23 @@ def test_train_resumes_from_a_checkpoint_into_a_new_run(trained):
     # the old run's algorithm, scenario and settings, without repeating them
     assert config["algo"] == "ppo" and config["scenario"] == "prefix"
     assert config["settings"]["episode_length"] == 16
-    for name in ("model.zip", "best_model.zip", "vecnormalize.pkl", "best_model_vecnormalize.pkl"):
+    for name in ("model.zip", "best_model.zip", "vecnormalize.json", "best_model_vecnormalize.json"):
         assert (resumed / name).is_file(), name
 
 
 def test_resume_never_writes_into_the_checkpoints_run(tmp_path):
-    train = load_script("train")
+    from agents.runs import resumed_dir, run_dir_of
+
     old = tmp_path / "runs" / "prefix-ppo-seed0"
     (old / "checkpoints").mkdir(parents=True)
     checkpoint = old / "checkpoints" / "rl_model_64_steps.zip"
-    assert train.source_run(checkpoint) == old.resolve()
-    assert train.source_run(old / "best_model.zip") == old.resolve()
-    assert train.resumed_dir(tmp_path / "runs", old, None) == tmp_path / "runs" / "prefix-ppo-seed0-resumed"
+    assert run_dir_of(checkpoint) == old.resolve()
+    assert run_dir_of(old / "best_model.zip") == old.resolve()
+    assert resumed_dir(tmp_path / "runs", old, None) == tmp_path / "runs" / "prefix-ppo-seed0-resumed"
     (tmp_path / "runs" / "prefix-ppo-seed0-resumed").mkdir()
-    assert train.resumed_dir(tmp_path / "runs", old, None).name == "prefix-ppo-seed0-resumed-2"
+    assert resumed_dir(tmp_path / "runs", old, None).name == "prefix-ppo-seed0-resumed-2"
     with pytest.raises(ValueError, match="own run"):
-        train.resumed_dir(tmp_path / "runs", old, "prefix-ppo-seed0")
+        resumed_dir(tmp_path / "runs", old, "prefix-ppo-seed0")
 
 
 @SAME_RUN
@@ -196,7 +200,7 @@ def test_evaluate_uses_the_runs_scenario_and_settings(trained, tmp_path, monkeyp
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    for name in ("model.zip", "vecnormalize.pkl"):
+    for name in ("model.zip", "vecnormalize.json"):
         shutil.copy(trained / name, run_dir / name)
     config = json.loads((trained / "config.json").read_text())
     config["scenario"] = "bursty"
@@ -328,17 +332,30 @@ def test_jax_ppo_trains_through_train_py_and_evaluate_judges_it(tmp_path, monkey
         (["--algo", "sarsa"], "unknown algorithm 'sarsa'"),
         (["--bc-teacher", "oracle"], "unknown router 'oracle'"),
         (["--resume", "missing.zip"], "checkpoint 'missing.zip' does not exist"),
-        (["--algo", "jax-ppo", "--resume", "x"], "jax-ppo runs start afresh"),
         (["--set", "n_nodes=0"], "'n_nodes' must be a positive integer"),
+        (["--set", "max_num_seqs=4294967301"], "'max_num_seqs' must be a positive integer <= 2,147,483,647"),
+        (["--set", "system_tokens=1024.0"], "'system_tokens' must be an integer"),
+        (["--set", "speed=inf"], "'speed' must be a finite number, got inf"),
+        (["--set", "load='0.5'"], "'load' must be a number, got \"'0.5'\" (str)"),
+        (["--scenario", "trace", "--trace", "DIR"], "a directory, not a trace file"),
+        (["--eval-seeds", "0"], "--eval-seeds must be at least 1"),
+        (["--seed", "-1"], "--seed must be in [0, 2**32)"),
         (["--device", "tpu"], "unknown device 'tpu'"),
         (["--conf-file", "missing.yml"], "hyperparameter file 'missing.yml' does not exist"),
+        (["--conf-file", "BROKEN.yml"], "BROKEN.yml: not valid YAML (line 2, column 1"),
+        (["--conf-file", "LIST.yml"], "LIST.yml: expected a mapping of environment ids, got list"),
     ],
 )
 def test_train_refuses_bad_input(argv, message, tmp_path, capsys):
-    code = load_script("train").main([*argv, "--out", str(tmp_path), "--no-progress"])
+    files = {"BROKEN.yml": "BurstBalance-v0: [n_envs: 4\n", "LIST.yml": "- BurstBalance-v0\n"}
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    argv = [str(tmp_path) if a == "DIR" else str(tmp_path / a) if a in files else a for a in argv]
+    code = load_script("train").main([*argv, "--out", str(tmp_path / "runs"), "--no-progress"])
     assert code != 0
-    assert message in capsys.readouterr().err
-    assert not list(tmp_path.rglob("model.zip"))
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1, err  # one line, no traceback
+    assert not (tmp_path / "runs").exists()  # refused before anything is written
 
 
 @pytest.mark.parametrize(
@@ -406,7 +423,9 @@ def test_rl_zoo3_trains_from_the_same_hyperparameter_file(tmp_path):
     assert proc.returncode == 0, proc.stderr[-4000:]
     (model,) = tmp_path.glob("ppo/BurstBalance-v0_*/BurstBalance-v0.zip")
     assert vecnormalize_path(model) == model.parent / "BurstBalance-v0" / "vecnormalize.pkl"
-    router = load_router(model, "ppo", require_normalization=True)
+    with pytest.raises(ValueError, match="allow_pickle"):  # rl-zoo3 writes pickles and no config.json
+        load_router(model, "ppo", require_normalization=True)
+    router = load_router(model, "ppo", require_normalization=True, allow_pickle=True)
     assert type(router.model.policy).__name__ == "NodeScoringPolicy"
     obs = np.zeros((2, router.model.observation_space.shape[0]), dtype=np.float32)
     assert router(obs).shape == (2,)
@@ -440,6 +459,7 @@ def test_set_reads_json_and_python_spellings() -> None:
             "load=0.9",
             "power=flat",
             "speed=[1, 0.5]",
+            "sleep_timeout=inf",
         ]
     )
     assert got == {
@@ -450,6 +470,7 @@ def test_set_reads_json_and_python_spellings() -> None:
         "load": 0.9,
         "power": "flat",
         "speed": (1, 0.5),
+        "sleep_timeout": float("inf"),
     }
     scenarios.Settings(**{**got, "n_nodes": 2}).validate()
     with pytest.raises(ValueError, match="key=value"):

@@ -9,6 +9,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+INT32_MAX = 2**31 - 1  # the core stores token counts, ids and limits as int32
+
 
 class Requests(NamedTuple):
     """One episode's request stream, in arrival order.
@@ -94,6 +96,7 @@ def round_up_pow2(n: int) -> int:
 
 
 __all__ = [
+    "INT32_MAX",
     "ArrivalProcess",
     "LengthDistribution",
     "Requests",

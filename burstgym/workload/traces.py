@@ -9,20 +9,32 @@ Formats (see docs/workloads.md):
   hash_ids (ids of the prompt's 512-token blocks: equal leading ids mean a shared prefix).
 
 Every loader returns a `Trace` sorted by arrival time (stable, so file order breaks ties) with
-times in seconds from the first request. Token counts must be whole numbers; a prompt must be
->= 1 token. An output of 0 tokens is clamped to 1 in the Azure and Mooncake formats (the request
-still ran its prefill, which yields the first token), and dropped in BurstGPT (failed requests).
-Anything malformed raises a ValueError naming the file, the line and the column or field.
+times in seconds from the first request. Token counts must be whole numbers that the simulator's
+int32 holds; a prompt must be >= 1 token. An output of 0 tokens is clamped to 1 in the Azure and
+Mooncake formats (the request still ran its prefill, which yields the first token), and dropped
+in BurstGPT (failed requests). Block ids must be integers in [0, 2**63). Anything malformed
+raises a ValueError naming the file, the line and the column or field; a path that is not a
+readable text file (a directory, a gzip archive, binary data) is refused naming the file.
+
+The CSV formats are read with pandas (installed with `pip install "burstgym[traces]"`, or with
+`[train]`), imported when a CSV trace is loaded.
 """
 
 from __future__ import annotations
 
 import json
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Literal, NamedTuple
+from typing import TYPE_CHECKING, Literal, NamedTuple, TextIO
 
 import numpy as np
-import pandas as pd
+
+from burstgym.workload.base import INT32_MAX
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 Format = Literal["azure", "burstgpt", "mooncake"]
 
@@ -33,6 +45,8 @@ MOONCAKE_FIELDS = ("timestamp", "input_length", "output_length")
 
 MOONCAKE_BLOCK_TOKENS = 512  # tokens per hash_ids block in the Mooncake traces
 MAX_PREFIX_BLOCKS = 512  # default bound on hash_ids per request (a longer list is refused)
+MAX_HASH_ID = 2**63 - 1  # block ids are read as int64 before they are renumbered
+GZIP_MAGIC = b"\x1f\x8b"
 
 
 class Trace(NamedTuple):
@@ -52,6 +66,7 @@ def load_trace(path: str | Path, fmt: Format | None = None, max_blocks: int = MA
     refused with its file, line and the bound, never cut.
     """
     path = Path(path)
+    check_text_file(path)
     fmt = fmt or detect_format(path)
     if fmt == "mooncake":
         return load_mooncake(path, max_blocks)
@@ -66,7 +81,7 @@ def detect_format(path: str | Path) -> Format:
     path = Path(path)
     if path.suffix.lower() in (".jsonl", ".json"):
         return "mooncake"
-    with path.open(encoding="utf-8") as f:
+    with _text(path) as f:
         header = {name.strip() for name in f.readline().split(",")}
     if header >= set(AZURE_COLUMNS):
         return "azure"
@@ -77,10 +92,47 @@ def detect_format(path: str | Path) -> Format:
     )
 
 
+def check_text_file(path: Path) -> None:
+    """Refuse, naming the file, a path that is missing, a directory, gzip-compressed or binary
+    (a NUL byte in its first 64 KiB); text that is not UTF-8 is refused where it is read."""
+    if not path.exists():
+        raise FileNotFoundError(f"trace file {str(path)!r} does not exist")
+    if path.is_dir():
+        raise ValueError(f"{path}: a directory, not a trace file")
+    with path.open("rb") as f:
+        head = f.read(65536)
+    if head.startswith(GZIP_MAGIC):
+        raise ValueError(f"{path}: gzip-compressed; decompress it first")
+    nul = head.find(b"\0")
+    if nul >= 0:
+        raise ValueError(f"{path}: binary data (byte {nul} is NUL), not a text trace")
+
+
+@contextmanager
+def _text(path: Path) -> Iterator[TextIO]:
+    """The file opened as UTF-8 text; a byte that is not UTF-8 is refused naming the file."""
+    try:
+        with path.open(encoding="utf-8") as f:
+            yield f
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 text ({e.reason}: {e.object[e.start : e.end]!r})") from None
+
+
+def _pandas():
+    try:
+        import pandas as pd
+    except ImportError:
+        raise ImportError(
+            'reading CSV traces needs pandas: pip install "burstgym[traces]" (or pandas)'
+        ) from None
+    return pd
+
+
 def load_azure(path: str | Path) -> Trace:
     """Azure LLM inference trace 2023 (code or conv service)."""
     path = Path(path)
     table = _read_csv(path, AZURE_COLUMNS)
+    pd = _pandas()
     seconds = pd.to_datetime(table["TIMESTAMP"], format="ISO8601", errors="coerce")
     _fail_where(path, table, seconds.isna(), "TIMESTAMP", "not a timestamp")
     seconds = (seconds - seconds.min()).dt.total_seconds().to_numpy()
@@ -114,7 +166,7 @@ def load_mooncake(path: str | Path, max_blocks: int = MAX_PREFIX_BLOCKS) -> Trac
     rows: list[tuple[float, int, int]] = []
     blocks: list[list[int]] = []
     lines: list[int] = []
-    with path.open(encoding="utf-8") as f:
+    with _text(path) as f:
         for line_no, line in enumerate(f, start=1):
             if not line.strip():
                 continue
@@ -148,6 +200,9 @@ def _hash_ids(path: Path, line_no: int, record: dict, prompt: int, max_blocks: i
     ids = record["hash_ids"]
     if not isinstance(ids, list) or any(isinstance(i, bool) or not isinstance(i, int) for i in ids):
         raise ValueError(f"{where}: expected a list of integers, got {str(ids)[:60]!r}")
+    bad = next((i for i in ids if not 0 <= i <= MAX_HASH_ID), None)
+    if bad is not None:
+        raise ValueError(f"{where}: block id {bad} is outside [0, 2**63 - 1]")
     expected = -(-prompt // MOONCAKE_BLOCK_TOKENS)
     if len(ids) != expected:
         raise ValueError(
@@ -206,8 +261,10 @@ def summary(trace: Trace) -> dict[str, float]:
 
 def _read_csv(path: Path, columns: tuple[str, ...]) -> pd.DataFrame:
     """The CSV as strings, blank lines dropped, with each row's file line number in `_line`."""
+    pd = _pandas()
     try:
-        table = pd.read_csv(path, dtype=str, keep_default_na=False, skip_blank_lines=False)
+        with _text(path) as f:
+            table = pd.read_csv(f, dtype=str, keep_default_na=False, skip_blank_lines=False)
     except pd.errors.EmptyDataError:
         raise ValueError(f"{path}: empty file (no header)") from None
     except pd.errors.ParserError as e:
@@ -234,7 +291,7 @@ def _fail_where(path: Path, table: pd.DataFrame, bad: pd.Series, column: str, wh
 
 
 def _numbers(path: Path, table: pd.DataFrame, column: str) -> np.ndarray:
-    values = pd.to_numeric(table[column].str.strip(), errors="coerce")
+    values = _pandas().to_numeric(table[column].str.strip(), errors="coerce")
     _fail_where(path, table, ~np.isfinite(values.to_numpy(dtype=float)), column, "not a number")
     return values.to_numpy(dtype=float)
 
@@ -243,6 +300,7 @@ def _tokens(path: Path, table: pd.DataFrame, column: str, min_tokens: int) -> np
     values = _numbers(path, table, column)
     _fail_where(path, table, values != np.floor(values), column, "not a whole number of tokens")
     _fail_where(path, table, values < min_tokens, column, f"token count below {min_tokens}")
+    _fail_where(path, table, values > INT32_MAX, column, f"token count above {INT32_MAX:,} (int32)")
     return values.astype(np.int64)
 
 
@@ -251,12 +309,20 @@ def _json_number(path: Path, line_no: int, record: dict, name: str, whole: bool,
     if name not in record:
         raise ValueError(f"{where}: missing")
     value = record[name]
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{where}: not a number: {value!r}")
+    try:
+        finite = math.isfinite(float(value))
+    except OverflowError:  # an integer beyond any float
+        finite = False
+    if not finite:
+        raise ValueError(f"{where}: not a finite number: {str(value)[:40]}")
     if whole and value != int(value):
         raise ValueError(f"{where}: not a whole number of tokens: {value!r}")
     if low is not None and value < low:
         raise ValueError(f"{where}: token count below {low}: {value!r}")
+    if whole and value > INT32_MAX:
+        raise ValueError(f"{where}: token count above {INT32_MAX:,} (int32): {value!r}")
     return float(value)
 
 
