@@ -69,8 +69,8 @@ def positions_for(capacity: int) -> int:
 def empty(positions: int, payload: Any = ()) -> ChunkTable:
     """An empty table of `positions` positions (a power of two, `positions_for`); `payload` is a
     pytree of per-entry prototypes (e.g. `jnp.int32(0)`) whose arrays get a leading [H] axis."""
-    if positions < 2 or positions & (positions - 1):
-        raise ValueError(f"a chunk table's positions must be a power of two >= 2, got {positions}")
+    if positions < 1 or positions & (positions - 1):
+        raise ValueError(f"a chunk table's positions must be a power of two, got {positions}")
     zero = jnp.zeros(positions, jnp.int32)
     z = jnp.int32(0)
     data = jax.tree.map(lambda p: jnp.zeros((positions,) + jnp.shape(p), jnp.asarray(p).dtype), payload)
@@ -80,6 +80,8 @@ def empty(positions: int, payload: Any = ()) -> ChunkTable:
 def home(ids: jax.Array, positions: int) -> jax.Array:
     """[...] int32 home position of each id: the top bits of id x 2^32/phi (Fibonacci hashing)."""
     bits = positions.bit_length() - 1
+    if bits == 0:
+        return jnp.zeros(ids.shape, jnp.int32)
     h = ids.astype(jnp.uint32) * jnp.uint32(_GOLDEN)
     return (h >> jnp.uint32(32 - bits)).astype(jnp.int32)
 
@@ -251,17 +253,26 @@ def unpin(t: ChunkTable, pos: jax.Array, mask: jax.Array) -> ChunkTable:
     return t._replace(ref=t.ref.at[jnp.where(mask & (pos >= 0), pos, h)].add(-1, mode="drop"))
 
 
-def latest(t: ChunkTable, pos: jax.Array, mask: jax.Array, rank: jax.Array) -> tuple[ChunkTable, jax.Array]:
+def latest(
+    t: ChunkTable, pos: jax.Array, mask: jax.Array, rank: jax.Array, span: jax.Array | int | None = None
+) -> tuple[ChunkTable, jax.Array]:
     """Stamp the entries `pos[mask]` in one event: each gets `counter + 1 + rank` of its
-    highest-ranked pair (`rank`: distinct values in [0, pos.size)), so a later event's stamps are
-    above every stamp of this one. Returns (table, [...] bool: the pair whose rank each entry kept,
-    one per entry). The counter advances by pos.size when any pair is masked."""
+    highest-ranked pair (`rank`: distinct values in [0, span) over the masked pairs), and the
+    counter advances by `span` (default pos.size) when any pair is masked, so a later event's
+    stamps are above every stamp of this one. Returns (table, [...] bool: the pair whose rank
+    each entry kept, one per entry).
+
+    With `span=0` the stamps are scratch marks on pinned entries (only the returned pairs
+    matter): a pinned entry's stamp means nothing until it is released and stamped anew, which
+    overwrites whatever it held."""
     h = t.key.shape[0]
     mask = mask & (pos >= 0)
+    target = jnp.where(mask, pos, h)
     value = t.counter + 1 + rank.astype(jnp.int32)
-    stamp = t.stamp.at[jnp.where(mask, pos, h)].max(value, mode="drop")
+    stamp = t.stamp.at[target].set(0, mode="drop").at[target].max(value, mode="drop")
     won = mask & (stamp[jnp.maximum(pos, 0)] == value)
-    counter = t.counter + jnp.where(mask.any(), jnp.int32(pos.size), 0)
+    advance = pos.size if span is None else span
+    counter = t.counter + jnp.where(mask.any(), jnp.asarray(advance, jnp.int32), 0)
     return t._replace(stamp=stamp, counter=counter), won
 
 

@@ -87,12 +87,12 @@ class Geometry(NamedTuple):
     chunks: Chunks  # [N, S, B] each
 
 
-def geometry(slots: Slots, requests: Requests, cache: PrefixCache, cfg: EnvConfig) -> Geometry | None:
+def geometry(slots: Slots, requests: Requests, params: EnvParams, cfg: EnvConfig) -> Geometry | None:
     """The prefix geometry of the current slots (None without prefix caching)."""
     if not cfg.prefix_caching:
         return None
     per_node = jax.vmap(pc.slot_chunks, in_axes=(None, 0, None, 0))
-    return Geometry(per_node(requests, slots.req, cfg.chunk_tokens, cache))
+    return Geometry(per_node(requests, slots.req, cfg.chunk_tokens, params.nodes.block_size))
 
 
 def _start_time(slots: Slots, nodes: NodeState, params: EnvParams, cfg: EnvConfig) -> jax.Array:
@@ -169,9 +169,11 @@ def _handle_events(
     )
     done = res.finished & ending[:, None]
     if geo is not None:
+        # Table positions of the slots' chunks, valid until the plan pins new chunks.
+        at = jax.vmap(pc.locate)(cache, geo.chunks.ids)
         # Only the ending nodes' pairs are released, so the other nodes' caches come back unchanged
-        # (no select over the [N, U] tables).
-        cache, pinned = jax.vmap(scheduler.release_finished)(cache, res.slots, done, geo.chunks)
+        # (no select over the [N, H] tables).
+        cache, pinned = jax.vmap(scheduler.release_finished)(cache, res.slots, done, geo.chunks, at)
         res = res._replace(slots=pinned)
     slots = tree_where(ending, res.slots, slots)
     batch_over = ending & ~(slots.status == RUNNING).any(axis=1)
@@ -197,7 +199,9 @@ def _handle_events(
             # A node that does not start plans as if empty, which leaves its cache unchanged, so the
             # plan's cache needs no select over the [N, U] tables (its slots are selected below).
             planned = slots._replace(status=jnp.where(start_ok[:, None], slots.status, EMPTY))
-            plan = jax.vmap(scheduler.plan_continuous)(planned, ncfg, cache, geo.chunks)
+            plan = jax.vmap(scheduler.plan_continuous, in_axes=(0, 0, 0, 0, 0, None))(
+                planned, ncfg, cache, geo.chunks, at, cfg.cache_entries
+            )
         mode = "continuous"
     else:
         plan = jax.vmap(scheduler.plan_dynamic, in_axes=(0, 0, 0, 0, None))(

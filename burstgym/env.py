@@ -40,6 +40,7 @@ from burstgym.reward import finished_cost, step_cost
 from burstgym.types import (
     DONE,
     EMPTY,
+    ERROR_CACHE_FULL,
     ERROR_RUNAWAY,
     ERROR_STAMP_OVERFLOW,
     IDLE,
@@ -141,6 +142,11 @@ class BurstBalance:
     """The functional environment: pure functions of (state, action, params) for one cluster."""
 
     def __init__(self, cfg: EnvConfig):
+        if cfg.prefix_caching and cfg.cache_entries < 1:
+            raise ValueError(
+                f"EnvConfig.cache_entries must be >= 1 with prefix caching, got {cfg.cache_entries} "
+                "(scenarios.make sizes it from the nodes' KV blocks)"
+            )
         self.cfg = cfg
         self.widths = slot_widths(cfg)
 
@@ -183,8 +189,10 @@ class BurstBalance:
             hit_tokens=zi,
             admitted_prompt=zi,
         )
-        chunk_ids = req if cfg.prefix_caching else req._replace(chunk_tokens=req.chunk_tokens[:0])
-        cache = jax.vmap(prefix_cache.empty_cache, in_axes=(None, 0))(chunk_ids, params.nodes.block_size)
+        # A chunk's tokens follow from its place in the sequence; the per-id list is not kept.
+        req = req._replace(chunk_tokens=req.chunk_tokens[:0])
+        n_positions = prefix_cache.positions(cfg) if cfg.prefix_caching else 1
+        cache = jax.vmap(lambda _: prefix_cache.empty_cache(n_positions))(jnp.arange(n))
         log = RequestLog(
             node=jnp.full(e, -1, jnp.int32),
             dropped=jnp.zeros(e, bool),
@@ -211,7 +219,7 @@ class BurstBalance:
             log=log,
             error=jnp.int32(0),
         )
-        geo = cluster.geometry(state.slots, req, state.cache, cfg)
+        geo = cluster.geometry(state.slots, req, params, cfg)
         state = state._replace(seen=load_signals(state, geo, params, cfg))
         return self._observe(state, params), state
 
@@ -229,7 +237,7 @@ class BurstBalance:
         until = jnp.where(last & (cfg.end == "drain"), 0.0, gap).astype(gap.dtype)
         zero = jnp.zeros(cfg.n_nodes, gap.dtype)
         acc = Accrual(zero, zero, zero)
-        geo = cluster.geometry(r.slots, req, state.cache, cfg)
+        geo = cluster.geometry(r.slots, req, params, cfg)
         c, acc, runaway = cluster.advance(
             Cluster(r.slots, r.nodes, state.cache), acc, until, jnp.bool_(False), geo, params, cfg
         )
@@ -250,7 +258,7 @@ class BurstBalance:
         state = st.state
         active = st.last & (cfg.end == "drain")
         horizon = jnp.where(active, jnp.inf, -jnp.inf)
-        geo = cluster.geometry(state.slots, state.requests, state.cache, cfg)
+        geo = cluster.geometry(state.slots, state.requests, params, cfg)
         c = Cluster(state.slots, state.nodes, state.cache)
         c, acc, runaway1 = cluster.advance(c, st.acc, horizon, jnp.bool_(True), geo, params, cfg)
         t_end = jnp.where(active, jnp.maximum(0.0, c.nodes.last_time.max()), st.until)
@@ -294,7 +302,9 @@ class BurstBalance:
         gap = state.requests.arrival[k + 1] - state.requests.arrival[k]
         w = params.rate_window
         rate = state.rate_estimate * jnp.exp(-gap / w) + 1.0 / w
-        error = state.error | jnp.where(state.cache.counter.max() > _STAMP_LIMIT, ERROR_STAMP_OVERFLOW, 0)
+        cache = state.cache
+        error = state.error | jnp.where(cache.table.counter.max() > _STAMP_LIMIT, ERROR_STAMP_OVERFLOW, 0)
+        error = error | jnp.where(cache.full.any(), ERROR_CACHE_FULL, 0)
         new = state._replace(
             step=k + 1,
             clock=clock,
@@ -305,7 +315,7 @@ class BurstBalance:
             log=log,
             error=error,
         )
-        geo = cluster.geometry(new.slots, new.requests, new.cache, cfg)
+        geo = cluster.geometry(new.slots, new.requests, params, cfg)
         interval = params.signal_interval
         refresh = clock >= state.next_refresh
         seen = jnp.where(refresh, load_signals(new, geo, params, cfg), state.seen)

@@ -174,6 +174,7 @@ def _admit_cached(
     budget: jax.Array,
     n_run: jax.Array,
     cfg: NodeConfig,
+    max_entries: int,
 ):
     """Admission with a prefix cache, one waiting request at a time in queue order (vLLM V1).
 
@@ -207,7 +208,8 @@ def _admit_cached(
         is_wait = pick(sl.status == WAITING)
         mine = jax.tree.map(pick, chunks)
         ids, end, blk = mine.ids, mine.end, mine.blocks
-        held_now = pc.present_at(c, ids)
+        at = pc.locate(c, ids)
+        held_now = pc.held_at(c, at)
         h = pc.leading_run(held_now)
         seq_len = pick(sl.prompt + sl.generated)
         cap = bs * ((seq_len - 1) // bs)
@@ -217,14 +219,14 @@ def _admit_cached(
         new_pin = jnp.maximum(h, ((ids >= 0) & (end <= done_tok)).sum().astype(jnp.int32))
         own = ceil_div(jnp.maximum(done_tok - pc.chunk_end(end, new_pin), 0), bs)
         valid = ids >= 0
-        ref_now = c.ref[jnp.maximum(ids, 0)]
+        ref_now = c.table.ref[jnp.maximum(at, 0)]
         claim = jnp.where(valid & (j < h) & (ref_now == 0), blk, 0).sum()
         fresh = jnp.where(valid & (j >= h) & (j < new_pin) & ~held_now, blk, 0).sum()
         available = cfg.kv_blocks - s.private - c.pinned
         ok = is_wait & (t > 0) & (own + fresh + claim <= available) & (s.n_run < cfg.max_num_seqs)
         c2 = pc.add_refs(c, mine, ok & valid & (j < new_pin))
         private2 = s.private + jnp.where(ok, own, 0)
-        c2 = pc.evict(c2, jnp.where(ok, private2 + c2.cached - cfg.kv_blocks, 0))
+        c2 = pc.evict(c2, jnp.where(ok, private2 + c2.cached - cfg.kv_blocks, 0), bs, max_entries)
         first = ok & (pick(sl.hit) < 0)
         take, fill = here & ok, here & first
         new = sl._replace(
@@ -273,10 +275,14 @@ def plan_continuous(
     cfg: NodeConfig,
     cache: PrefixCache,
     chunks: Chunks | None,
+    at: jax.Array | None = None,
+    max_entries: int = 0,
 ) -> Plan:
     """Plan the next continuous-batching iteration of one node (docs/semantics.md, steps 1-4).
 
-    `chunks` is None without prefix caching (that code is then not traced).
+    `chunks` is None without prefix caching (that code is then not traced); with it, `at` ([S, B])
+    holds the table positions of the chunks (`prefix_cache.locate`) and `max_entries` the chunks
+    a node may hold (`EnvConfig.cache_entries`).
     """
     n_slots = slots.status.shape[0]
     pos = jnp.arange(n_slots)
@@ -305,7 +311,7 @@ def plan_continuous(
         width = chunks.ids.shape[1]
         j = jnp.arange(width)[None, :]
         pairs = running[:, None] & (j < slots.pin[:, None]) & (chunks.ids >= 0)
-        cache, first = pc.first_pinners(cache, chunks.ids, pairs)  # each pinned chunk once
+        cache, first = pc.first_pinners(cache, at, pairs)  # each pinned chunk once
         at = jnp.where(first, jnp.broadcast_to(pos[:, None], first.shape), n_slots)
         by_pos = jnp.zeros(n_slots + 1, jnp.int32).at[at].add(jnp.where(first, chunks.blocks, 0))
         freed = freed + (jnp.cumsum(by_pos[::-1])[::-1])[:n_slots]
@@ -324,9 +330,9 @@ def plan_continuous(
     )
     if cached:
         # Preempted requests release their chunks, newest request first, last chunk first.
-        order = (n_slots - 1 - pos)[:, None] * width + (width - 1 - j)
         rel = preempted[:, None] & (j < slots.pin[:, None]) & (chunks.ids >= 0)
-        cache = pc.release(cache, chunks, rel, order)
+        rank, span = pc.release_rank(rel, slots.pin, newest_first=True)
+        cache = pc.release(cache, chunks, at, rel, rank, span)
         # Chunks the running requests complete in this iteration are cached now (vLLM caches full
         # blocks when it allocates them), then evictions make room for their growth.
         new_pin = jnp.maximum(slots.pin, pc.covered(chunks, slots.computed + t))
@@ -337,13 +343,13 @@ def plan_continuous(
         grown = jnp.where(
             kept, ceil_div(jnp.maximum(slots.computed + t - pc.chunk_end(chunks.end, new_pin), 0), bs), 0
         ).sum()
-        cache = pc.evict(cache, grown + cache.cached - cfg.kv_blocks)
+        cache = pc.evict(cache, grown + cache.cached - cfg.kv_blocks, bs, max_entries)
         # 3. Admission, one by one, only when nothing was preempted.
         # (int32 carries: under x64 the sums would be int64 and scatter into int32 slots.)
         budget_left = jnp.where(n_pre == 0, cfg.max_num_batched_tokens - t.sum(), 0).astype(jnp.int32)
         n_kept = kept.sum().astype(jnp.int32)
         slots, cache, admitted, stats = _admit_cached(
-            slots, cache, chunks, grown.astype(jnp.int32), budget_left, n_kept, cfg
+            slots, cache, chunks, grown.astype(jnp.int32), budget_left, n_kept, cfg, max_entries
         )
     else:
         free_after = empty + jnp.where(preempted, private, 0).sum() - jnp.where(kept, extra, 0).sum()
@@ -582,14 +588,15 @@ def finish_iteration(
 
 
 def release_finished(
-    cache: PrefixCache, slots: Slots, finished: jax.Array, chunks: Chunks
+    cache: PrefixCache, slots: Slots, finished: jax.Array, chunks: Chunks, at: jax.Array
 ) -> tuple[PrefixCache, Slots]:
-    """Finished requests release their chunks (in admission order, each last chunk first)."""
-    n_slots, width = chunks.ids.shape
+    """Finished requests release their chunks (in admission order, each last chunk first); `at`
+    holds the chunks' table positions."""
+    width = chunks.ids.shape[1]
     j = jnp.arange(width)[None, :]
-    pos = jnp.arange(n_slots)[:, None]
     rel = finished[:, None] & (j < slots.pin[:, None]) & (chunks.ids >= 0)
-    cache = pc.release(cache, chunks, rel, pos * width + (width - 1 - j))
+    rank, span = pc.release_rank(rel, slots.pin, newest_first=False)
+    cache = pc.release(cache, chunks, at, rel, rank, span)
     return cache, slots._replace(pin=jnp.where(finished, 0, slots.pin))
 
 

@@ -93,7 +93,7 @@ def _reference(cfg, params, req, actions) -> RefResult:
     e = cfg.episode_length
     return simulate(
         nodes_from_params(cfg, params), req.arrival[:e], req.prompt[:e], req.output[:e], actions,
-        chunk_ids=req.chunk_ids[:e], id_tokens=req.id_tokens[:e], chunk_tokens=req.chunk_tokens,
+        chunk_ids=req.chunk_ids[:e], id_tokens=req.id_tokens[:e],
         grain=cfg.chunk_tokens, objective=cfg.objective, reward=cfg.reward, end=cfg.end,
         t_cut=float(req.arrival[e]), drop_penalty=float(params.drop_penalty),
         energy_weight=float(params.energy_weight), ttft_weight=float(params.ttft_weight),
