@@ -261,28 +261,47 @@ def advance(
     geo: Geometry | None,
     params: EnvParams,
     cfg: EnvConfig,
-) -> tuple[Cluster, Accrual, jax.Array]:
-    """Process every node event at a time <= `until`; returns (cluster, accrual, runaway flag).
+) -> tuple[Cluster, Accrual, jax.Array, jax.Array]:
+    """Process every node event at a time <= `until`; returns (cluster, accrual, the time advanced
+    to, runaway flag). Accrual is left at each node's last event.
 
-    With `drain`, only nodes that still hold requests are advanced (used with `until = inf` to
-    finish every request at the end of an episode). Accrual is left at each node's last event.
+    With `drain` (the last step of an episode that ends by draining, docs/semantics.md "End of
+    episode"), `until` is ignored: the nodes that hold requests run until every request has
+    finished, then every node handles its events up to the episode's end `t_end = max(0, last
+    finish)` (sleep transitions), and `t_end` is returned. One loop serves both phases, so the
+    event handling is compiled once.
     """
+    inf = jnp.asarray(jnp.inf, until.dtype)
 
-    def due(k: Cluster) -> tuple[jax.Array, jax.Array]:
+    def due(k: Cluster, limit: jax.Array, emptying: jax.Array) -> tuple[jax.Array, jax.Array]:
         tau = next_event(k.slots, k.nodes, params, cfg)
         holds = scheduler.occupied(k.slots).any(axis=1)
-        return tau, (tau <= until) & (holds | ~drain)
+        return tau, (tau <= limit) & (holds | ~emptying)
+
+    def settle(k: Cluster, limit: jax.Array, emptying: jax.Array):
+        """(limit, emptying, tau, active): once the draining nodes are empty, move on to t_end."""
+        tau, active = due(k, limit, emptying)
+        switch = emptying & ~active.any()
+        t_end = jnp.maximum(0.0, k.nodes.last_time.max()).astype(limit.dtype)
+        limit = jnp.where(switch, t_end, limit)
+        emptying = emptying & ~switch
+        tau2, active2 = due(k, limit, emptying)
+        return limit, emptying, jnp.where(switch, tau2, tau), jnp.where(switch, active2, active)
 
     def cond(carry):
         return carry[3].any() & (carry[4] < MAX_EVENTS_PER_ADVANCE)
 
     def body(carry):
-        k, a, tau, active, count = carry
-        k, a = _handle_events(k, a, tau, active, until, geo, params, cfg)
-        return (k, a, *due(k), count + 1)
+        k, a, tau, active, count, limit, emptying = carry
+        k, a = _handle_events(k, a, tau, active, limit, geo, params, cfg)
+        limit, emptying, tau, active = settle(k, limit, emptying)
+        return (k, a, tau, active, count + 1, limit, emptying)
 
-    k, a, _, active, count = jax.lax.while_loop(cond, body, (c, acc, *due(c), jnp.int32(0)))
-    return k, a, active.any() & (count >= MAX_EVENTS_PER_ADVANCE)
+    limit0 = jnp.where(drain, inf, until)
+    limit0, emptying0, tau0, active0 = settle(c, limit0, drain)
+    init = (c, acc, tau0, active0, jnp.int32(0), limit0, emptying0)
+    k, a, _, active, count, limit, _ = jax.lax.while_loop(cond, body, init)
+    return k, a, limit, active.any() & (count >= MAX_EVENTS_PER_ADVANCE)
 
 
 class Routed(NamedTuple):

@@ -226,7 +226,9 @@ class BurstBalance:
     # -------------------------------------------------------------------------------------- step
 
     def _route_advance(self, state: State, action: jax.Array, params: EnvParams) -> _Step:
-        """Route request `state.step`, advance to the next arrival (not past it when draining)."""
+        """Route request `state.step` and advance to the next arrival, or on a draining last step
+        serve every accepted request and let idle nodes fall asleep up to the end of the episode
+        (docs/semantics.md, "End of episode")."""
         cfg = self.cfg
         req = state.requests
         k = state.step
@@ -234,12 +236,12 @@ class BurstBalance:
         r = cluster.route(state.slots, state.nodes, k, req.prompt[k], req.output[k], node, params)
         last = k >= state.horizon - 1
         gap = req.arrival[k + 1] - req.arrival[k]
-        until = jnp.where(last & (cfg.end == "drain"), 0.0, gap).astype(gap.dtype)
+        drain = last & (cfg.end == "drain")
         zero = jnp.zeros(cfg.n_nodes, gap.dtype)
         acc = Accrual(zero, zero, zero)
         geo = cluster.geometry(r.slots, req, params, cfg)
-        c, acc, runaway = cluster.advance(
-            Cluster(r.slots, r.nodes, state.cache), acc, until, jnp.bool_(False), geo, params, cfg
+        c, acc, until, runaway = cluster.advance(
+            Cluster(r.slots, r.nodes, state.cache), acc, gap, drain, geo, params, cfg
         )
         everyone = jnp.ones(cfg.n_nodes, bool)
         nodes, acc = cluster.accrue(c.slots, c.nodes, acc, jnp.full(cfg.n_nodes, until), everyone, params)
@@ -250,24 +252,6 @@ class BurstBalance:
         error = state.error | r.error | jnp.where(runaway, ERROR_RUNAWAY, 0)
         new = state._replace(slots=c.slots, nodes=nodes, cache=c.cache, log=log, error=error)
         return _Step(new, acc, r.dropped, jnp.where(r.dropped, 0.0, svc), until, last)
-
-    def _drain(self, st: _Step, params: EnvParams) -> _Step:
-        """On a draining last step: serve every accepted request, then let idle nodes fall asleep
-        up to the end of the episode (docs/semantics.md, "End of episode")."""
-        cfg = self.cfg
-        state = st.state
-        active = st.last & (cfg.end == "drain")
-        horizon = jnp.where(active, jnp.inf, -jnp.inf)
-        geo = cluster.geometry(state.slots, state.requests, params, cfg)
-        c = Cluster(state.slots, state.nodes, state.cache)
-        c, acc, runaway1 = cluster.advance(c, st.acc, horizon, jnp.bool_(True), geo, params, cfg)
-        t_end = jnp.where(active, jnp.maximum(0.0, c.nodes.last_time.max()), st.until)
-        c, acc, runaway2 = cluster.advance(c, acc, t_end, jnp.bool_(False), geo, params, cfg)
-        everyone = jnp.ones(cfg.n_nodes, bool)
-        nodes, acc = cluster.accrue(c.slots, c.nodes, acc, jnp.full(cfg.n_nodes, t_end), everyone, params)
-        error = state.error | jnp.where(runaway1 | runaway2, ERROR_RUNAWAY, 0)
-        new = state._replace(slots=c.slots, nodes=nodes, cache=c.cache, error=error)
-        return st._replace(state=new, acc=acc, until=t_end)
 
     def _close(self, st: _Step, params: EnvParams) -> tuple[jax.Array, State, jax.Array, jax.Array, dict]:
         """Log the finished requests, compute the reward, move the clock to the next arrival."""
@@ -355,10 +339,7 @@ class BurstBalance:
         """
 
         def step(state: State):
-            st = self._route_advance(state, action, params)
-            if self.cfg.end == "drain":
-                st = jax.lax.cond(st.last, lambda s: self._drain(s, params), lambda s: s, st)
-            return self._close(st, params)
+            return self._close(self._route_advance(state, action, params), params)
 
         return self._at_width(state, step)
 
@@ -415,17 +396,12 @@ class BurstBalance:
         """`step_env` over a batch of clusters, without auto-reset.
 
         `per_cluster`: `params` has a leading cluster axis (`burstgym.rollout.per_cluster`) rather
-        than being shared. The batch runs at the slot width its fullest cluster needs. The drain of
-        a last step sits behind one `lax.cond` on "any cluster ends now", so the other steps pay
-        nothing for it.
+        than being shared. The batch runs at the slot width its fullest cluster needs.
         """
         axis = 0 if per_cluster else None
 
         def step(states: State):
             st = jax.vmap(self._route_advance, in_axes=(0, 0, axis))(states, actions, params)
-            if self.cfg.end == "drain":
-                drain = jax.vmap(self._drain, in_axes=(0, axis))
-                st = jax.lax.cond(st.last.any(), lambda s: drain(s, params), lambda s: s, st)
             return jax.vmap(self._close, in_axes=(0, axis))(st, params)
 
         return self._at_width(states, step)
