@@ -311,6 +311,12 @@ class BurstBalance:
         info = {"dropped": st.dropped, "action_mask": action_mask(view), "error": new.error}
         return observe(view, params, cfg), new, -cost / params.reward_scale, last, info
 
+    def _tidy(self, state: State) -> State:
+        """`state` (one cluster or a batch) with its prefix-cache tables rebuilt if they need it."""
+        if not self.cfg.prefix_caching:
+            return state
+        return state._replace(cache=prefix_cache.tidy(state.cache))
+
     def _at_width(self, state: State, step) -> tuple:
         """`step(state)` -> (obs, state, reward, done, info) run on the narrowest slot tables that
         hold `state` (one cluster or a batch; see "Slot widths" above)."""
@@ -341,7 +347,7 @@ class BurstBalance:
         def step(state: State):
             return self._close(self._route_advance(state, action, params), params)
 
-        return self._at_width(state, step)
+        return self._at_width(self._tidy(state), step)
 
     def view(self, state: State, params: EnvParams) -> RouterView:
         """What a router sees of the request `state.step` (`burstgym.observation.RouterView`)."""
@@ -404,7 +410,7 @@ class BurstBalance:
             st = jax.vmap(self._route_advance, in_axes=(0, 0, axis))(states, actions, params)
             return jax.vmap(self._close, in_axes=(0, axis))(st, params)
 
-        return self._at_width(states, step)
+        return self._at_width(self._tidy(states), step)
 
     def batched_step(
         self, states: State, actions: jax.Array, params: EnvParams

@@ -87,6 +87,18 @@ def empty_cache(n_positions: int) -> PrefixCache:
     )
 
 
+def tidy(cache: PrefixCache) -> PrefixCache:
+    """The caches (any leading axes: nodes, clusters) with their tables rebuilt when any of them
+    has more than `chunk_table.MAX_LOAD` of its positions used: one `lax.cond` between steps,
+    outside the per-node code, so that probes stay short (`chunk_table.rebuild`)."""
+    t = cache.table
+    rebuild = ct.rebuild
+    for _ in range(t.key.ndim - 1):
+        rebuild = jax.vmap(rebuild)
+    table = jax.lax.cond(ct.needs_rebuild(t).any(), rebuild, lambda x: x, t)
+    return cache._replace(table=table)
+
+
 def slot_chunks(requests: Requests, req: jax.Array, chunk_tokens: int, block_size: jax.Array) -> Chunks:
     """The chunks of the requests held in slots `req` ([S]), NO_REQUEST slots having none."""
     n = requests.prompt.shape[0]
@@ -101,8 +113,9 @@ def slot_chunks(requests: Requests, req: jax.Array, chunk_tokens: int, block_siz
 
 
 def locate(cache: PrefixCache, ids: jax.Array) -> jax.Array:
-    """[...] table positions of the chunks `ids` (-1: none, or not in the table); positions stay
-    valid until the next `add_refs` (which may rebuild the table)."""
+    """[...] table positions of the chunks `ids` (-1: none, or not in the table). A held chunk's
+    position stays valid until `tidy` rebuilds the table (between steps); one that is not held
+    may be given to another chunk by `add_refs`."""
     return ct.lookup(cache.table, ids)
 
 
@@ -169,7 +182,7 @@ def first_pinners(cache: PrefixCache, pos: jax.Array, pinned: jax.Array) -> tupl
 def add_refs(cache: PrefixCache, chunks: Chunks, mask: jax.Array) -> PrefixCache:
     """Pin the chunks `chunks.ids[mask]` once each pair (a hit, or a chunk a request has computed);
     a chunk the node does not hold gets an entry. The node's totals count each newly pinned chunk
-    once however many pairs pin it. Entries may move (`chunk_table.insert`)."""
+    once however many pairs pin it."""
     mask = mask & (chunks.ids >= 0)
     table, pos, overflow = ct.insert(cache.table, chunks.ids, mask, chunks.tokens)
     safe = jnp.maximum(pos, 0)
