@@ -55,6 +55,8 @@ class Cluster(NamedTuple):
     slots: Slots
     nodes: NodeState
     cache: PrefixCache
+    # [N, S, B] int32 table positions of the slots' pinned chunks (prefix caching; set by `advance`)
+    at: jax.Array | None = None
 
 
 def _bcast(mask: jax.Array, x: jax.Array) -> jax.Array:
@@ -158,7 +160,7 @@ def _handle_events(
     """Handle the next event (at `tau`, [N]) of every active node (docs/semantics.md, "Handling a
     node event"); a new iteration that starts a stretch of identical decodes before `until`
     covers the whole stretch (`scheduler.decode_run`)."""
-    slots, nodes, cache = c
+    slots, nodes, cache, at = c
     nodes, acc = accrue(slots, nodes, acc, tau, active, params)
     ncfg = node_configs(params.nodes)
 
@@ -169,8 +171,6 @@ def _handle_events(
     )
     done = res.finished & ending[:, None]
     if geo is not None:
-        # Table positions of the slots' chunks, valid until the plan pins new chunks.
-        at = jax.vmap(pc.locate)(cache, geo.chunks.ids)
         # Only the ending nodes' pairs are released, so the other nodes' caches come back unchanged
         # (no select over the [N, H] tables).
         cache, pinned = jax.vmap(scheduler.release_finished)(cache, res.slots, done, geo.chunks, at)
@@ -202,6 +202,7 @@ def _handle_events(
             plan = jax.vmap(scheduler.plan_continuous, in_axes=(0, 0, 0, 0, 0, None))(
                 planned, ncfg, cache, geo.chunks, at, cfg.cache_entries
             )
+            at = plan.at
         mode = "continuous"
     else:
         plan = jax.vmap(scheduler.plan_dynamic, in_axes=(0, 0, 0, 0, None))(
@@ -250,7 +251,7 @@ def _handle_events(
         hit_tokens=nodes.hit_tokens + jnp.where(start_ok, stats.first_hit, 0).astype(jnp.int32),
         admitted_prompt=nodes.admitted_prompt + jnp.where(start_ok, stats.first_prompt, 0).astype(jnp.int32),
     )
-    return Cluster(slots, nodes, cache), acc
+    return Cluster(slots, nodes, cache, at), acc
 
 
 def advance(
@@ -297,6 +298,8 @@ def advance(
         limit, emptying, tau, active = settle(k, limit, emptying)
         return (k, a, tau, active, count + 1, limit, emptying)
 
+    if geo is not None:  # table positions of the slots' chunks, kept up to date by every plan
+        c = c._replace(at=jax.vmap(pc.locate)(c.cache, geo.chunks.ids))
     limit0 = jnp.where(drain, inf, until)
     limit0, emptying0, tau0, active0 = settle(c, limit0, drain)
     init = (c, acc, tau0, active0, jnp.int32(0), limit0, emptying0)

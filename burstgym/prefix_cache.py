@@ -179,14 +179,22 @@ def first_pinners(cache: PrefixCache, pos: jax.Array, pinned: jax.Array) -> tupl
     return cache._replace(table=table), first
 
 
-def add_refs(cache: PrefixCache, chunks: Chunks, mask: jax.Array) -> PrefixCache:
+def add_refs(cache: PrefixCache, chunks: Chunks, mask: jax.Array) -> tuple[PrefixCache, jax.Array]:
     """Pin the chunks `chunks.ids[mask]` once each pair (a hit, or a chunk a request has computed);
-    a chunk the node does not hold gets an entry. The node's totals count each newly pinned chunk
-    once however many pairs pin it."""
+    a chunk the node does not hold gets an entry. Returns (cache, [S, B] table positions of the
+    pinned pairs, -1 elsewhere)."""
     mask = mask & (chunks.ids >= 0)
     table, pos, overflow = ct.insert(cache.table, chunks.ids, mask, chunks.tokens)
-    safe = jnp.maximum(pos, 0)
-    was_pinned = table.ref[safe] > 0
+    cache = pin_at(cache._replace(table=table, full=cache.full | overflow), chunks, pos, mask)
+    return cache, jnp.where(mask, pos, -1)
+
+
+def pin_at(cache: PrefixCache, chunks: Chunks, pos: jax.Array, mask: jax.Array) -> PrefixCache:
+    """Pin the pairs `mask` whose chunks are in the table at `pos` (`chunk_table.insert`). The
+    node's totals count each newly pinned chunk once however many pairs pin it."""
+    mask = mask & (pos >= 0)
+    table = cache.table
+    was_pinned = table.ref[jnp.maximum(pos, 0)] > 0
     was_held = ct.present_at(table, pos)
     table = ct.pin(table, pos, mask)
     newly = mask & ~was_pinned
@@ -198,7 +206,6 @@ def add_refs(cache: PrefixCache, chunks: Chunks, mask: jax.Array) -> PrefixCache
         cached=cache.cached + _total(fresh, chunks.blocks),
         cached_tokens=cache.cached_tokens + _total(fresh, chunks.tokens),
         entries=cache.entries + fresh.sum(dtype=jnp.int32),
-        full=cache.full | overflow,
     )
 
 
@@ -234,24 +241,40 @@ def release_rank(mask: jax.Array, pin: jax.Array, newest_first: bool) -> tuple[j
 def evict(cache: PrefixCache, deficit: jax.Array, block_size: jax.Array, max_entries: int) -> PrefixCache:
     """Evict least recently released chunks until `deficit` blocks are free and at most
     `max_entries` chunks are held (or no released chunk is left); a node left holding more than
-    `max_entries` chunks, all pinned, is `full` (an error)."""
+    `max_entries` chunks, all pinned, is `full` (an error).
 
-    def cond(carry: tuple[PrefixCache, jax.Array]) -> jax.Array:
-        c, need = carry
-        # some released chunk is still held (a chunk occupies at least one block)
-        return ((need > 0) | (c.entries > max_entries)) & (c.cached > c.pinned)
+    The loop carries the watermark and the totals only, reading the table: one chunk per stamp,
+    so each pass evicts one chunk (stamps are distinct)."""
+    t = cache.table
 
-    def body(carry: tuple[PrefixCache, jax.Array]) -> tuple[PrefixCache, jax.Array]:
-        c, need = carry
-        table, gone = ct.evict_oldest(c.table)
-        freed = _total(gone, ceil_div(table.payload, block_size))
-        c = c._replace(
-            table=table,
-            cached=c.cached - freed,
-            cached_tokens=c.cached_tokens - _total(gone, table.payload),
-            entries=c.entries - gone.sum(dtype=jnp.int32),
-        )
-        return c, need - freed
+    class _Evicting(NamedTuple):
+        watermark: jax.Array
+        need: jax.Array
+        cached: jax.Array
+        tokens: jax.Array
+        entries: jax.Array
+        found: jax.Array
 
-    c = jax.lax.while_loop(cond, body, (cache, deficit))[0]
-    return c._replace(full=c.full | (c.entries > max_entries))
+    def cond(c: _Evicting) -> jax.Array:
+        # some released chunk is still held (a chunk occupies at least one block; `found` stops
+        # the loop should the totals ever disagree with the table)
+        return ((c.need > 0) | (c.entries > max_entries)) & (c.cached > cache.pinned) & c.found
+
+    def body(c: _Evicting) -> _Evicting:
+        stamp, gone = ct.oldest(t, c.watermark)
+        found = gone.any()
+        tokens = _total(gone, t.payload)
+        freed = ceil_div(tokens, block_size)
+        entries = c.entries - found.astype(jnp.int32)
+        watermark = jnp.where(found, stamp, c.watermark)
+        return _Evicting(watermark, c.need - freed, c.cached - freed, c.tokens - tokens, entries, found)
+
+    init = _Evicting(t.watermark, deficit, cache.cached, cache.cached_tokens, cache.entries, jnp.bool_(True))
+    c = jax.lax.while_loop(cond, body, init)
+    return cache._replace(
+        table=t._replace(watermark=c.watermark),
+        cached=c.cached,
+        cached_tokens=c.tokens,
+        entries=c.entries,
+        full=cache.full | (c.entries > max_entries),
+    )

@@ -52,6 +52,12 @@ CASES = {
                                   **SMALL, **WEIGHTS)),
     "prefix": ("conversation", dict(**CONVERSATION, objective="excess", reward="finish", end="cut",
                                     **WEIGHTS)),
+    # Shared system prompts in 64-token chunks on 768 KV tokens (12 chunks) per node under skewed
+    # overload: requests holding their own and shared chunks are preempted and release them.
+    "prefix-shared": ("prefix", dict(n_nodes=4, episode_length=160, load=1.5, max_num_seqs=4,
+                                     queue_capacity=6, kv_capacity_tokens=768, max_num_batched_tokens=256,
+                                     prompt_median=64.0, prompt_max=256, output_median=32.0, output_max=128,
+                                     prefix_groups=8, prefix_median=128.0, prefix_max=256, chunk_tokens=64)),
     "padded": ("bursty-dynamic", dict(n_nodes=2, episode_length=300, load=1.1, max_batch_size=4,
                                       max_queue_delay=0.05, queue_capacity=5, objective="slo", **SMALL,
                                       **WEIGHTS)),
@@ -141,6 +147,7 @@ EXERCISES = {
     "sleep": {"wake"},
     "prefix": {"hits", "evictions", "cut"},
     "prefix-tight": {"drops", "preemptions", "hits", "evictions", "cut"},
+    "prefix-shared": {"drops", "preemptions", "hits", "evictions"},
     "padded": {"drops", "padding", "slo"},
     "unpadded": {"drops", "cut"},
 }

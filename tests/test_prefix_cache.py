@@ -61,7 +61,7 @@ def test_lru_eviction_order() -> None:
     """Chunks released earlier are evicted first; within one event, by release order; eviction
     stops as soon as the deficit is covered."""
     c = _empty()
-    c = pc.add_refs(c, _chunks([0, 1, 2, 3]), jnp.ones(4, bool))
+    c = pc.add_refs(c, _chunks([0, 1, 2, 3]), jnp.ones(4, bool))[0]
     c = _release(c, [1])  # first event: chunk 1
     c = _release(c, [3, 0])  # second event: 3, then 0 (most recent)
     assert _present(c) == [True, True, True, True]  # 2 is pinned
@@ -77,7 +77,7 @@ def test_lru_eviction_order() -> None:
 def test_a_hit_re_pins_and_a_shared_chunk_is_released_once_free() -> None:
     """A chunk two requests pin is released (evictable) only when both have let go; pinned by
     both in one change, it counts once in the node's totals."""
-    c = pc.add_refs(_empty(), _chunks([0, 0]), jnp.ones(2, bool))
+    c = pc.add_refs(_empty(), _chunks([0, 0]), jnp.ones(2, bool))[0]
     assert _usage(c) == [2, 2]
     c = _release(c, [0])
     c = pc.evict(c, jnp.int32(100), BS, 8)
@@ -86,7 +86,7 @@ def test_a_hit_re_pins_and_a_shared_chunk_is_released_once_free() -> None:
     assert _usage(c) == [2, 0]
     c = pc.evict(c, jnp.int32(1), BS, 8)
     assert not _present(c)[0] and _usage(c) == [0, 0]
-    c = pc.add_refs(c, _chunks([[0, 1], [0, 2]]), jnp.ones((2, 2), bool))  # a shared hit
+    c = pc.add_refs(c, _chunks([[0, 1], [0, 2]]), jnp.ones((2, 2), bool))[0]  # a shared hit
     assert _usage(c) == [6, 6]
     c = _release(c, [0, 1, 0, 2])  # both requests let go in one event: chunk 0 freed once
     assert _usage(c) == [6, 0]
@@ -95,11 +95,11 @@ def test_a_hit_re_pins_and_a_shared_chunk_is_released_once_free() -> None:
 def test_entry_limit_evicts_least_recently_released_and_flags_a_pinned_overflow() -> None:
     """Past `max_entries` chunks, the least recently released go first even with blocks to
     spare; with every chunk pinned the cache is `full` (the core's ERROR_CACHE_FULL)."""
-    c = pc.add_refs(_empty(), _chunks([0, 1, 2]), jnp.ones(3, bool))
+    c = pc.add_refs(_empty(), _chunks([0, 1, 2]), jnp.ones(3, bool))[0]
     c = _release(c, [2, 0, 1])
     c = pc.evict(c, jnp.int32(0), BS, 2)  # no blocks needed, one chunk too many: 2 goes
     assert _present(c) == [True, True, False, False] and not bool(c.full)
-    c = pc.add_refs(c, _chunks([0, 1, 3]), jnp.ones(3, bool))
+    c = pc.add_refs(c, _chunks([0, 1, 3]), jnp.ones(3, bool))[0]
     c = pc.evict(c, jnp.int32(0), BS, 2)
     assert _present(c) == [True, True, False, True] and bool(c.full)
     assert _usage(c) == [6, 6]
@@ -111,7 +111,7 @@ def test_memory_does_not_grow_with_the_ids_of_an_episode() -> None:
     c = _empty()
     for k in range(0, 1000, 4):
         ids = list(range(k, k + 4))
-        c = pc.add_refs(c, _chunks(ids), jnp.ones(4, bool))
+        c = pc.add_refs(c, _chunks(ids), jnp.ones(4, bool))[0]
         c = _release(c, ids)
         c = pc.evict(c, jnp.int32(0), BS, 8)
         assert int(c.entries) == min(k + 4, 8) and not bool(c.full)
