@@ -4,20 +4,22 @@
 `r * S + s` replays seed `s` under router `r`, as `agents.rollout` lays them out): a vmapped
 reset, then one `lax.scan` over the episode's arrivals of router view -> router -> `step_env`
 (the batched step without auto-reset, so each episode's final state and request log are kept),
-then the episode metrics. A router is any hashable object with
+then the episode metrics. A router is any hashable object of the `burstgym.routing.Router`
+protocol,
 
     init(n_nodes, seed, stream) -> state     # stream: the episode's seed (a traced uint32)
     act(state, view, mask) -> (action, state)
 
-over one cluster's `RouterView` ([N] fields) and action mask; `agents.jax_routers` has one for
-every heuristic and production router. A router whose `observes` attribute is true (a learned
-policy: `agents.jax_ppo.JaxPolicyRouter`) is called `act(state, view, mask, obs, weights)` with the
+over one cluster's `RouterView` ([N] fields) and action mask (`agents.routers` has every
+heuristic and production rule). A router whose `observes` attribute is true (a learned policy:
+`agents.jax_ppo.JaxPolicyRouter`) is called `act(state, view, mask, obs, weights)` with the
 cluster's observation vector (`burstgym.observation.observe`, as the environment returns it) and
-the pytree its `weights()` returns. Weights are an argument of the compiled episode, not constants
-in it: a router hashes by its structure, so policies of one shape share one compilation whatever
-their weights (a training run's held-out evaluations compile once). Several routers in one call
-share the scan (a `lax.switch` on each cluster's router index), so their states must have one
-structure.
+the pytree its `weights()` returns; one whose `reads_state` is true gets the cluster's `State` and
+`EnvParams` instead (`burstgym.routing.act`). Weights are an argument of the compiled episode, not
+constants in it: a router hashes by its structure, so policies of one shape share one compilation
+whatever their weights (a training run's held-out evaluations compile once). Several routers in
+one call share the scan (a `lax.switch` on each cluster's router index); each cluster carries a
+tuple of every router's state, whose structures may differ, and uses its own router's.
 
 Two jitted calls, compiled ahead of time so compile time is reported apart from run time: the
 reset (compiled per configuration) and the episode (reset state in, final state out), which is
@@ -53,6 +55,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from burstgym import routing
 from burstgym.env import BurstBalance
 from burstgym.gym_env import check_error
 from burstgym.observation import action_mask, observe
@@ -208,34 +211,46 @@ def _episode_fn(cfg: EnvConfig, routers: tuple[Any, ...], chunk: int | None):
     shard of clusters (params per cluster), `chunk` clusters vmapped at a time (None: all)."""
     core = BurstBalance(cfg)
     n, e = cfg.n_nodes, cfg.episode_length
+    observes = any(getattr(r, "observes", False) for r in routers)
 
-    def choose(fns, idx, *args):
-        return fns[0](*args) if len(fns) == 1 else jax.lax.switch(idx, fns, *args)
+    # Router states: a tuple with one state per router (their structures may differ), of which
+    # each cluster uses its own router's; one compiled scan serves every router (a switch on the
+    # router index, a true branch when one cluster runs at a time).
+    def init_all(seed, stream):
+        return tuple(r.init(n, seed, stream) for r in routers)
 
-    inits = [functools.partial(r.init, n) for r in routers]
-    observers = [bool(getattr(r, "observes", False)) for r in routers]
+    def branch(i: int, weights):
+        def act(rstates, view, mask, obs, state, params):
+            extra = dict(obs=obs, weights=weights[i], cluster_state=state, params=params)
+            action, new = routing.act(routers[i], rstates[i], view, mask, **extra)
+            return action.astype(jnp.int32), rstates[:i] + (new,) + rstates[i + 1 :]
+
+        return act
+
+    def route(weights, ridx, rstates, views, masks, obs, states, params):
+        acts = [branch(i, weights) for i in range(len(routers))]
+
+        def one(i, *args):
+            return acts[0](*args) if len(acts) == 1 else jax.lax.switch(i, acts, *args)
+
+        args = (rstates, views, masks, obs, states, params)
+        if ridx.shape[0] == 1:  # one cluster: a scalar index, so only its router's branch runs
+            out = one(ridx[0], *jax.tree.map(lambda x: x[0], args))
+            return jax.tree.map(lambda x: x[None], out)
+        return jax.vmap(one)(ridx, *args)
 
     def run(states, ridx, rseed, stream, params, weights):
-        rstates = jax.vmap(lambda i, s, t: choose(inits, i, s, t))(ridx, rseed, stream)
+        rstates = jax.vmap(init_all)(rseed, stream)
         c = ridx.shape[0]
         view_of = jax.vmap(core.view)
         obs_of = jax.vmap(lambda v, p: observe(v, p, cfg))
-
-        def act_fn(i: int):
-            r, w = routers[i], weights[i]
-            if observers[i]:
-                return lambda s, v, m, o: r.act(s, v, m, o, w)
-            return lambda s, v, m, o: r.act(s, v, m)
-
-        acts = [act_fn(i) for i in range(len(routers))]
 
         def body(carry, k):
             states, rstates, first_k, first_bits = carry
             views = view_of(states, params)
             masks = jax.vmap(action_mask)(views)
-            obs = obs_of(views, params) if any(observers) else jnp.zeros((c, 0), jnp.float32)
-            pick = jax.vmap(lambda i, s, v, m, o: choose(acts, i, s, v, m, o))
-            actions, rstates = pick(ridx, rstates, views, masks, obs)
+            obs = obs_of(views, params) if observes else jnp.zeros((c, 0), jnp.float32)
+            actions, rstates = route(weights, ridx, rstates, views, masks, obs, states, params)
             _, states, reward, _, info = step_clusters(core, states, actions, params)
             err = info["error"]
             new = (err != 0) & (first_k == e)
