@@ -95,7 +95,7 @@ def reference_rate(scenario: str, settings: dict, episodes: int) -> tuple[int, f
         clock = Clock()
         reference.simulate(
             nodes, req.arrival[:e], req.prompt[:e], req.output[:e], actions, chunk_ids=req.chunk_ids[:e],
-            id_tokens=req.id_tokens[:e], chunk_tokens=req.chunk_tokens, grain=env.cfg.chunk_tokens,
+            id_tokens=req.id_tokens[:e], grain=env.cfg.chunk_tokens,
         )
         w, c = clock.read()
         wall, cpu, total = wall + w, cpu + c, total + e

@@ -18,19 +18,25 @@ is *present* while it is pinned (`ref > 0`) or while its stamp is above the tabl
 
 Layout: open addressing with linear probing over `H` positions (a power of two) from a
 multiplicative hash of the id (Knuth, TAOCP vol. 3, 6.4). A lookup probes from the id's home
-position until it meets the id or an `EMPTY` position; an insertion puts a new id on the first
-position along that path whose entry is not present (or `EMPTY`). Positions holding an id that
-is no longer present count as used until a rebuild drops them: `insert` rebuilds the table (every
-present entry, and the ids it was asked to insert, hashed again into fresh positions) when more
-than `MAX_LOAD` of the positions are used, so probe paths stay short and always end at an `EMPTY`
-position. Entries move only in a rebuild: positions read before an `insert` must be looked up
-again after it; `pin`, `unpin`, `latest` and `evict_oldest` never move an entry.
+position until it meets the id or an `EMPTY` position (or has seen all H); an insertion puts a
+new id on the first position along that path whose entry is not present (or `EMPTY`). Entries
+never move except in `rebuild`: a present entry's position stays valid across `insert`, `pin`,
+`unpin`, `latest` and `evict_oldest` (an entry that is not present may lose its position to a
+new id in `insert`).
+
+Positions holding an id that is no longer present count as `used` until `rebuild` drops them
+(hashing every present entry again into an otherwise `EMPTY` table). They only lengthen probes:
+a lookup that meets no `EMPTY` position probes all H and is still exact, and an insertion finds
+a position as long as fewer than H entries are present. So rebuilding is a matter of speed, and
+callers do it between changes when `needs_rebuild` says more than `MAX_LOAD` of the positions
+are used (`tidy`; the engine once per step, outside its per-node loops).
 
 Sizing: `positions_for(capacity)` gives `H` for at most `capacity` present entries after every
-complete change, plus as many just inserted before the caller evicts (2 x capacity at most), at
-a load below `MAX_LOAD`. A table never drops an entry on its own: `insert` reports the ids it
-could not place (`overflow`), which with `positions_for` sizing and present entries within
-`capacity` cannot happen.
+complete change, plus as many inserted before the caller evicts (2 x capacity at most), with
+room to spare. A table never drops an entry on its own: `insert` reports the ids it could not
+place (`overflow`), which cannot happen while fewer than H entries are present.
+
+Every loop here carries per-id state only and reads the [H] arrays.
 """
 
 from __future__ import annotations
@@ -41,7 +47,7 @@ import jax
 import jax.numpy as jnp
 
 EMPTY = -1  # key of a position that holds no id
-MAX_LOAD = 5 / 8  # fraction of used positions above which `insert` rebuilds the table
+MAX_LOAD = 5 / 8  # fraction of used positions above which `needs_rebuild` says to rebuild
 _NEVER = jnp.iinfo(jnp.int32).max
 _GOLDEN = 0x9E3779B1  # 2^32 / golden ratio: Fibonacci hashing's multiplier
 
@@ -60,17 +66,17 @@ class ChunkTable(NamedTuple):
 
 def positions_for(capacity: int) -> int:
     """Positions of a table for up to `capacity` present entries (2 x capacity while a change
-    inserts before evicting) at a load below `MAX_LOAD`: the power of two >= 4 x capacity."""
+    inserts before evicting): the smallest power of two above 2 x capacity (at least 8)."""
     if capacity < 1:
         raise ValueError(f"a chunk table needs a capacity >= 1, got {capacity}")
-    return 1 << max(3, (4 * capacity - 1).bit_length())
+    return 1 << max(3, (2 * capacity).bit_length())
 
 
 def empty(positions: int, payload: Any = ()) -> ChunkTable:
     """An empty table of `positions` positions (a power of two, `positions_for`); `payload` is a
     pytree of per-entry prototypes (e.g. `jnp.int32(0)`) whose arrays get a leading [H] axis."""
-    if positions < 2 or positions & (positions - 1):
-        raise ValueError(f"a chunk table's positions must be a power of two >= 2, got {positions}")
+    if positions < 1 or positions & (positions - 1):
+        raise ValueError(f"a chunk table's positions must be a power of two, got {positions}")
     zero = jnp.zeros(positions, jnp.int32)
     z = jnp.int32(0)
     data = jax.tree.map(lambda p: jnp.zeros((positions,) + jnp.shape(p), jnp.asarray(p).dtype), payload)
@@ -80,6 +86,8 @@ def empty(positions: int, payload: Any = ()) -> ChunkTable:
 def home(ids: jax.Array, positions: int) -> jax.Array:
     """[...] int32 home position of each id: the top bits of id x 2^32/phi (Fibonacci hashing)."""
     bits = positions.bit_length() - 1
+    if bits == 0:
+        return jnp.zeros(ids.shape, jnp.int32)
     h = ids.astype(jnp.uint32) * jnp.uint32(_GOLDEN)
     return (h >> jnp.uint32(32 - bits)).astype(jnp.int32)
 
@@ -129,42 +137,40 @@ def lookup(t: ChunkTable, ids: jax.Array) -> jax.Array:
     return _probe(t, ids, ids >= 0)[0]
 
 
-def _claim(
-    key: jax.Array,
-    ids: jax.Array,
-    start: jax.Array,
-    pending: jax.Array,
-    taken: jax.Array,
-    reusable: jax.Array,
-) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Give each pending id (flat [Q]) a position at or after `start` on its probe path that is
-    `reusable` and not `taken`; ids equal to one that wins a position share it. Rounds of
-    scatter-min: the lowest-indexed claimant of a position wins it, the others move on.
-    Returns (positions, -1 where none was found; the keys with the winners written; taken)."""
-    h, q = key.shape[0], ids.shape[0]
+def _claim(t: ChunkTable, ids: jax.Array, start: jax.Array, pending: jax.Array, found: jax.Array):
+    """Give each pending id (flat [Q]) a position at or after `start` on its probe path whose
+    entry is not present (or EMPTY), not `found` by another id of this insertion and not won by
+    another id; ids equal to one that wins a position share it. Rounds of scatter-min: the
+    lowest-indexed claimant of a position wins it, the others move on. The table is only read
+    here (an insertion whose ids are all held runs no round). Returns (positions, -1 where none
+    was found (all H tried); how many EMPTY positions were taken)."""
+    h, q = t.key.shape[0], ids.shape[0]
     index = jnp.arange(q, dtype=jnp.int32)
-    none = jnp.full(q, -1, jnp.int32)
 
-    def cond(c):
-        r, _, _, _, pending, _ = c
-        return pending.any() & (r < h)
-
-    def body(c):
-        r, cand, pos, key, pending, taken = c
-        ok = pending & reusable[cand] & ~taken[cand]
+    def round_(c):
+        r, cand, pos, pending, fresh = c
+        held = jnp.where(pos >= 0, pos, found)  # positions this insertion holds already
+        taken = jnp.zeros(h, bool).at[jnp.where(held >= 0, held, h)].set(True, mode="drop")
+        k = t.key[cand]
+        reusable = (k == EMPTY) | ((t.ref[cand] == 0) & (t.stamp[cand] <= t.watermark))
+        ok = pending & reusable & ~taken[cand]
         winner = jnp.full(h, q, jnp.int32).at[jnp.where(ok, cand, h)].min(index, mode="drop")
         w = winner[cand]
-        won = ok & ((w == index) | (ids[jnp.minimum(w, q - 1)] == ids))
         first = ok & (w == index)
-        key = key.at[jnp.where(first, cand, h)].set(ids, mode="drop")
-        taken = taken.at[jnp.where(first, cand, h)].set(True, mode="drop")
+        won = first | (ok & (ids[jnp.minimum(w, q - 1)] == ids))
+        fresh = fresh + (first & (k == EMPTY)).sum(dtype=jnp.int32)
         pos = jnp.where(won, cand, pos)
         pending = pending & ~won
-        return r + 1, jnp.where(pending, (cand + 1) & (h - 1), cand), pos, key, pending, taken
+        return r + 1, jnp.where(pending, (cand + 1) & (h - 1), cand), pos, pending, fresh
 
-    init = (jnp.int32(0), jnp.maximum(start, 0), none, key, pending, taken)
-    _, _, pos, key, _, taken = jax.lax.while_loop(cond, body, init)
-    return pos, key, taken
+    def cond(c):
+        r, _, _, pending, _ = c
+        return pending.any() & (r < h)
+
+    none = jnp.full(q, -1, jnp.int32)
+    init = (jnp.int32(0), jnp.maximum(start, 0), none, pending, jnp.int32(0))
+    _, _, pos, _, fresh = jax.lax.while_loop(cond, round_, init)
+    return pos, fresh
 
 
 def insert(
@@ -175,10 +181,8 @@ def insert(
     An id the table holds keeps its entry (present or not); a new id gets the first position on
     its probe path whose entry is not present, with no pins, stamp 0 (so not present until it is
     pinned or stamped) and its `payload` (a pytree of arrays shaped like `ids`, per id). Equal ids
-    share one entry. When more than `MAX_LOAD` of the positions end up used, the table is rebuilt
-    with its present entries and these ids (entries move: earlier positions are void).
-    `overflow` ([] bool) is True if some id found no position (the table was full); such an id
-    gets position -1.
+    share one entry. No entry moves. `overflow` ([] bool) is True if some id found no position
+    (H entries present); such an id gets position -1.
     """
     shape = ids.shape
     flat = ids.reshape(-1)
@@ -186,12 +190,9 @@ def insert(
     h = t.key.shape[0]
     found, free = _probe(t, flat, want)
     missing = want & (found < 0) & (free >= 0)
-    reusable = (t.key == EMPTY) | ((t.ref == 0) & (t.stamp <= t.watermark))
-    taken = jnp.zeros(h, bool).at[jnp.where(found >= 0, found, h)].set(True, mode="drop")
-    claimed, key, taken2 = _claim(t.key, flat, free, missing, taken, reusable)
-    new = taken2 & ~taken  # positions given to new ids
-    fresh_used = (new & (t.key == EMPTY)).sum(dtype=jnp.int32)
+    claimed, fresh = _claim(t, flat, free, missing, found)
     pos = jnp.where(found >= 0, found, claimed)
+    # Equal ids write the same values to one position, so the order of the writes does not matter.
     target = jnp.where(missing & (claimed >= 0), claimed, h)
     data = jax.tree.map(
         lambda old, v: old.at[target].set(jnp.reshape(v, (flat.shape[0],) + old.shape[1:]), mode="drop"),
@@ -199,22 +200,24 @@ def insert(
         payload,
     )
     t = t._replace(
-        key=key,
-        ref=jnp.where(new, 0, t.ref),
-        stamp=jnp.where(new, 0, t.stamp),
+        key=t.key.at[target].set(flat, mode="drop"),
+        ref=t.ref.at[target].set(0, mode="drop"),
+        stamp=t.stamp.at[target].set(0, mode="drop"),
         payload=data,
-        used=t.used + fresh_used,
+        used=t.used + fresh,
     )
     overflow = (want & (pos < 0)).any()
-
-    def rebuilt(args):
-        t, pos = args
-        keep = present(t).at[jnp.where(want, pos, h)].set(True, mode="drop")
-        t = rebuild(t, keep)
-        return t, _probe(t, flat, want)[0]
-
-    t, pos = jax.lax.cond(t.used > int(MAX_LOAD * h), rebuilt, lambda a: a, (t, pos))
     return t, pos.reshape(shape), overflow
+
+
+def needs_rebuild(t: ChunkTable) -> jax.Array:
+    """[] bool: more than `MAX_LOAD` of the positions are used (probes grow long)."""
+    return t.used > int(MAX_LOAD * t.key.shape[-1])
+
+
+def tidy(t: ChunkTable) -> ChunkTable:
+    """`t` rebuilt when `needs_rebuild` says so (a `lax.cond`), else as it is."""
+    return jax.lax.cond(needs_rebuild(t), rebuild, lambda x: x, t)
 
 
 def rebuild(t: ChunkTable, keep: jax.Array | None = None) -> ChunkTable:
@@ -222,9 +225,8 @@ def rebuild(t: ChunkTable, keep: jax.Array | None = None) -> ChunkTable:
     again from its home position into an otherwise EMPTY table (pins, stamps, payload kept)."""
     h = t.key.shape[0]
     keep = present(t) if keep is None else keep & (t.key >= 0)
-    reusable = jnp.ones(h, bool)
-    start = home(t.key, h)
-    pos, _, _ = _claim(jnp.full(h, EMPTY, jnp.int32), t.key, start, keep, jnp.zeros(h, bool), reusable)
+    fresh = ChunkTable(jnp.full(h, EMPTY, jnp.int32), t.ref, t.stamp, (), t.watermark, t.counter, t.used)
+    pos, _ = _claim(fresh, t.key, home(t.key, h), keep, jnp.full(h, -1, jnp.int32))
     target = jnp.where(keep, pos, h)
 
     def move(x: jax.Array, fill) -> jax.Array:
@@ -251,24 +253,40 @@ def unpin(t: ChunkTable, pos: jax.Array, mask: jax.Array) -> ChunkTable:
     return t._replace(ref=t.ref.at[jnp.where(mask & (pos >= 0), pos, h)].add(-1, mode="drop"))
 
 
-def latest(t: ChunkTable, pos: jax.Array, mask: jax.Array, rank: jax.Array) -> tuple[ChunkTable, jax.Array]:
+def latest(
+    t: ChunkTable, pos: jax.Array, mask: jax.Array, rank: jax.Array, span: jax.Array | int | None = None
+) -> tuple[ChunkTable, jax.Array]:
     """Stamp the entries `pos[mask]` in one event: each gets `counter + 1 + rank` of its
-    highest-ranked pair (`rank`: distinct values in [0, pos.size)), so a later event's stamps are
-    above every stamp of this one. Returns (table, [...] bool: the pair whose rank each entry kept,
-    one per entry). The counter advances by pos.size when any pair is masked."""
+    highest-ranked pair (`rank`: distinct values in [0, span) over the masked pairs), and the
+    counter advances by `span` (default pos.size) when any pair is masked, so a later event's
+    stamps are above every stamp of this one. Returns (table, [...] bool: the pair whose rank
+    each entry kept, one per entry).
+
+    With `span=0` the stamps are scratch marks on pinned entries (only the returned pairs
+    matter): a pinned entry's stamp means nothing until it is released and stamped anew, which
+    overwrites whatever it held."""
     h = t.key.shape[0]
     mask = mask & (pos >= 0)
+    target = jnp.where(mask, pos, h)
     value = t.counter + 1 + rank.astype(jnp.int32)
-    stamp = t.stamp.at[jnp.where(mask, pos, h)].max(value, mode="drop")
+    stamp = t.stamp.at[target].set(0, mode="drop").at[target].max(value, mode="drop")
     won = mask & (stamp[jnp.maximum(pos, 0)] == value)
-    counter = t.counter + jnp.where(mask.any(), jnp.int32(pos.size), 0)
+    advance = pos.size if span is None else span
+    counter = t.counter + jnp.where(mask.any(), jnp.asarray(advance, jnp.int32), 0)
     return t._replace(stamp=stamp, counter=counter), won
+
+
+def oldest(t: ChunkTable, watermark: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """([] the oldest stamp of an unpinned entry present above `watermark` (int32 max: none),
+    [H] bool its position), reading the table without changing it: a caller evicting several
+    entries in a loop carries only the watermark."""
+    candidate = (t.key >= 0) & (t.ref == 0) & (t.stamp > watermark)
+    first = jnp.min(jnp.where(candidate, t.stamp, _NEVER))
+    return first, candidate & (t.stamp == first)
 
 
 def evict_oldest(t: ChunkTable) -> tuple[ChunkTable, jax.Array]:
     """Evict the unpinned present entry with the oldest stamp (none when there is none): the
     watermark rises to its stamp. Returns (table, [H] bool: the evicted positions)."""
-    candidate = (t.key >= 0) & (t.ref == 0) & (t.stamp > t.watermark)
-    oldest = jnp.min(jnp.where(candidate, t.stamp, _NEVER))
-    gone = candidate & (t.stamp == oldest)
-    return t._replace(watermark=jnp.where(gone.any(), oldest, t.watermark)), gone
+    stamp, gone = oldest(t, t.watermark)
+    return t._replace(watermark=jnp.where(gone.any(), stamp, t.watermark)), gone

@@ -55,6 +55,8 @@ class Cluster(NamedTuple):
     slots: Slots
     nodes: NodeState
     cache: PrefixCache
+    # [N, S, B] int32 table positions of the slots' pinned chunks (prefix caching; set by `advance`)
+    at: jax.Array | None = None
 
 
 def _bcast(mask: jax.Array, x: jax.Array) -> jax.Array:
@@ -87,12 +89,12 @@ class Geometry(NamedTuple):
     chunks: Chunks  # [N, S, B] each
 
 
-def geometry(slots: Slots, requests: Requests, cache: PrefixCache, cfg: EnvConfig) -> Geometry | None:
+def geometry(slots: Slots, requests: Requests, params: EnvParams, cfg: EnvConfig) -> Geometry | None:
     """The prefix geometry of the current slots (None without prefix caching)."""
     if not cfg.prefix_caching:
         return None
     per_node = jax.vmap(pc.slot_chunks, in_axes=(None, 0, None, 0))
-    return Geometry(per_node(requests, slots.req, cfg.chunk_tokens, cache))
+    return Geometry(per_node(requests, slots.req, cfg.chunk_tokens, params.nodes.block_size))
 
 
 def _start_time(slots: Slots, nodes: NodeState, params: EnvParams, cfg: EnvConfig) -> jax.Array:
@@ -158,7 +160,7 @@ def _handle_events(
     """Handle the next event (at `tau`, [N]) of every active node (docs/semantics.md, "Handling a
     node event"); a new iteration that starts a stretch of identical decodes before `until`
     covers the whole stretch (`scheduler.decode_run`)."""
-    slots, nodes, cache = c
+    slots, nodes, cache, at = c
     nodes, acc = accrue(slots, nodes, acc, tau, active, params)
     ncfg = node_configs(params.nodes)
 
@@ -170,8 +172,8 @@ def _handle_events(
     done = res.finished & ending[:, None]
     if geo is not None:
         # Only the ending nodes' pairs are released, so the other nodes' caches come back unchanged
-        # (no select over the [N, U] tables).
-        cache, pinned = jax.vmap(scheduler.release_finished)(cache, res.slots, done, geo.chunks)
+        # (no select over the [N, H] tables).
+        cache, pinned = jax.vmap(scheduler.release_finished)(cache, res.slots, done, geo.chunks, at)
         res = res._replace(slots=pinned)
     slots = tree_where(ending, res.slots, slots)
     batch_over = ending & ~(slots.status == RUNNING).any(axis=1)
@@ -197,7 +199,10 @@ def _handle_events(
             # A node that does not start plans as if empty, which leaves its cache unchanged, so the
             # plan's cache needs no select over the [N, U] tables (its slots are selected below).
             planned = slots._replace(status=jnp.where(start_ok[:, None], slots.status, EMPTY))
-            plan = jax.vmap(scheduler.plan_continuous)(planned, ncfg, cache, geo.chunks)
+            plan = jax.vmap(scheduler.plan_continuous, in_axes=(0, 0, 0, 0, 0, None))(
+                planned, ncfg, cache, geo.chunks, at, cfg.cache_entries
+            )
+            at = plan.at
         mode = "continuous"
     else:
         plan = jax.vmap(scheduler.plan_dynamic, in_axes=(0, 0, 0, 0, None))(
@@ -246,7 +251,7 @@ def _handle_events(
         hit_tokens=nodes.hit_tokens + jnp.where(start_ok, stats.first_hit, 0).astype(jnp.int32),
         admitted_prompt=nodes.admitted_prompt + jnp.where(start_ok, stats.first_prompt, 0).astype(jnp.int32),
     )
-    return Cluster(slots, nodes, cache), acc
+    return Cluster(slots, nodes, cache, at), acc
 
 
 def advance(
@@ -257,28 +262,49 @@ def advance(
     geo: Geometry | None,
     params: EnvParams,
     cfg: EnvConfig,
-) -> tuple[Cluster, Accrual, jax.Array]:
-    """Process every node event at a time <= `until`; returns (cluster, accrual, runaway flag).
+) -> tuple[Cluster, Accrual, jax.Array, jax.Array]:
+    """Process every node event at a time <= `until`; returns (cluster, accrual, the time advanced
+    to, runaway flag). Accrual is left at each node's last event.
 
-    With `drain`, only nodes that still hold requests are advanced (used with `until = inf` to
-    finish every request at the end of an episode). Accrual is left at each node's last event.
+    With `drain` (the last step of an episode that ends by draining, docs/semantics.md "End of
+    episode"), `until` is ignored: the nodes that hold requests run until every request has
+    finished, then every node handles its events up to the episode's end `t_end = max(0, last
+    finish)` (sleep transitions), and `t_end` is returned. One loop serves both phases, so the
+    event handling is compiled once.
     """
+    inf = jnp.asarray(jnp.inf, until.dtype)
 
-    def due(k: Cluster) -> tuple[jax.Array, jax.Array]:
+    def due(k: Cluster, limit: jax.Array, emptying: jax.Array) -> tuple[jax.Array, jax.Array]:
         tau = next_event(k.slots, k.nodes, params, cfg)
         holds = scheduler.occupied(k.slots).any(axis=1)
-        return tau, (tau <= until) & (holds | ~drain)
+        return tau, (tau <= limit) & (holds | ~emptying)
+
+    def settle(k: Cluster, limit: jax.Array, emptying: jax.Array):
+        """(limit, emptying, tau, active): once the draining nodes are empty, move on to t_end."""
+        tau, active = due(k, limit, emptying)
+        switch = emptying & ~active.any()
+        t_end = jnp.maximum(0.0, k.nodes.last_time.max()).astype(limit.dtype)
+        limit = jnp.where(switch, t_end, limit)
+        emptying = emptying & ~switch
+        tau2, active2 = due(k, limit, emptying)
+        return limit, emptying, jnp.where(switch, tau2, tau), jnp.where(switch, active2, active)
 
     def cond(carry):
         return carry[3].any() & (carry[4] < MAX_EVENTS_PER_ADVANCE)
 
     def body(carry):
-        k, a, tau, active, count = carry
-        k, a = _handle_events(k, a, tau, active, until, geo, params, cfg)
-        return (k, a, *due(k), count + 1)
+        k, a, tau, active, count, limit, emptying = carry
+        k, a = _handle_events(k, a, tau, active, limit, geo, params, cfg)
+        limit, emptying, tau, active = settle(k, limit, emptying)
+        return (k, a, tau, active, count + 1, limit, emptying)
 
-    k, a, _, active, count = jax.lax.while_loop(cond, body, (c, acc, *due(c), jnp.int32(0)))
-    return k, a, active.any() & (count >= MAX_EVENTS_PER_ADVANCE)
+    if geo is not None:  # table positions of the slots' chunks, kept up to date by every plan
+        c = c._replace(at=jax.vmap(pc.locate)(c.cache, geo.chunks.ids))
+    limit0 = jnp.where(drain, inf, until)
+    limit0, emptying0, tau0, active0 = settle(c, limit0, drain)
+    init = (c, acc, tau0, active0, jnp.int32(0), limit0, emptying0)
+    k, a, _, active, count, limit, _ = jax.lax.while_loop(cond, body, init)
+    return k, a, limit, active.any() & (count >= MAX_EVENTS_PER_ADVANCE)
 
 
 class Routed(NamedTuple):

@@ -40,6 +40,7 @@ from burstgym.reward import finished_cost, step_cost
 from burstgym.types import (
     DONE,
     EMPTY,
+    ERROR_CACHE_FULL,
     ERROR_RUNAWAY,
     ERROR_STAMP_OVERFLOW,
     IDLE,
@@ -143,6 +144,11 @@ class BurstBalance:
     """The functional environment: pure functions of (state, action, params) for one cluster."""
 
     def __init__(self, cfg: EnvConfig):
+        if cfg.prefix_caching and cfg.cache_entries < 1:
+            raise ValueError(
+                f"EnvConfig.cache_entries must be >= 1 with prefix caching, got {cfg.cache_entries} "
+                "(scenarios.make sizes it from the nodes' KV blocks)"
+            )
         self.cfg = cfg
         self.widths = slot_widths(cfg)
 
@@ -185,8 +191,10 @@ class BurstBalance:
             hit_tokens=zi,
             admitted_prompt=zi,
         )
-        chunk_ids = req if cfg.prefix_caching else req._replace(chunk_tokens=req.chunk_tokens[:0])
-        cache = jax.vmap(prefix_cache.empty_cache, in_axes=(None, 0))(chunk_ids, params.nodes.block_size)
+        # A chunk's tokens follow from its place in the sequence; the per-id list is not kept.
+        req = req._replace(chunk_tokens=req.chunk_tokens[:0])
+        n_positions = prefix_cache.positions(cfg) if cfg.prefix_caching else 1
+        cache = jax.vmap(lambda _: prefix_cache.empty_cache(n_positions))(jnp.arange(n))
         log = RequestLog(
             node=jnp.full(e, -1, jnp.int32),
             dropped=jnp.zeros(e, bool),
@@ -213,14 +221,16 @@ class BurstBalance:
             log=log,
             error=jnp.int32(0),
         )
-        geo = cluster.geometry(state.slots, req, state.cache, cfg)
+        geo = cluster.geometry(state.slots, req, params, cfg)
         state = state._replace(seen=load_signals(state, geo, params, cfg))
         return self._observe(state, params), state
 
     # -------------------------------------------------------------------------------------- step
 
     def _route_advance(self, state: State, action: jax.Array, params: EnvParams) -> _Step:
-        """Route request `state.step`, advance to the next arrival (not past it when draining)."""
+        """Route request `state.step` and advance to the next arrival, or on a draining last step
+        serve every accepted request and let idle nodes fall asleep up to the end of the episode
+        (docs/semantics.md, "End of episode")."""
         cfg = self.cfg
         req = state.requests
         k = state.step
@@ -228,14 +238,14 @@ class BurstBalance:
         r = cluster.route(state.slots, state.nodes, k, req.prompt[k], req.output[k], node, params)
         last = k >= state.horizon - 1
         gap = req.arrival[k + 1] - req.arrival[k]
-        until = jnp.where(last & (cfg.end == "drain"), 0.0, gap).astype(gap.dtype)
+        drain = last & (cfg.end == "drain")
         zero = jnp.zeros(cfg.n_nodes, gap.dtype)
         # the front-end latency adds to an accepted request's TTFT and e2e: charged when it is routed
         lump = zero.at[node].set(jnp.where(r.dropped, 0.0, params.nodes.latency.frontend_s[node]))
         acc = Accrual(lump, lump, zero)
-        geo = cluster.geometry(r.slots, req, state.cache, cfg)
-        c, acc, runaway = cluster.advance(
-            Cluster(r.slots, r.nodes, state.cache), acc, until, jnp.bool_(False), geo, params, cfg
+        geo = cluster.geometry(r.slots, req, params, cfg)
+        c, acc, until, runaway = cluster.advance(
+            Cluster(r.slots, r.nodes, state.cache), acc, gap, drain, geo, params, cfg
         )
         everyone = jnp.ones(cfg.n_nodes, bool)
         nodes, acc = cluster.accrue(c.slots, c.nodes, acc, jnp.full(cfg.n_nodes, until), everyone, params)
@@ -246,24 +256,6 @@ class BurstBalance:
         error = state.error | r.error | jnp.where(runaway, ERROR_RUNAWAY, 0)
         new = state._replace(slots=c.slots, nodes=nodes, cache=c.cache, log=log, error=error)
         return _Step(new, acc, r.dropped, jnp.where(r.dropped, 0.0, svc), until, last)
-
-    def _drain(self, st: _Step, params: EnvParams) -> _Step:
-        """On a draining last step: serve every accepted request, then let idle nodes fall asleep
-        up to the end of the episode (docs/semantics.md, "End of episode")."""
-        cfg = self.cfg
-        state = st.state
-        active = st.last & (cfg.end == "drain")
-        horizon = jnp.where(active, jnp.inf, -jnp.inf)
-        geo = cluster.geometry(state.slots, state.requests, state.cache, cfg)
-        c = Cluster(state.slots, state.nodes, state.cache)
-        c, acc, runaway1 = cluster.advance(c, st.acc, horizon, jnp.bool_(True), geo, params, cfg)
-        t_end = jnp.where(active, jnp.maximum(0.0, c.nodes.last_time.max()), st.until)
-        c, acc, runaway2 = cluster.advance(c, acc, t_end, jnp.bool_(False), geo, params, cfg)
-        everyone = jnp.ones(cfg.n_nodes, bool)
-        nodes, acc = cluster.accrue(c.slots, c.nodes, acc, jnp.full(cfg.n_nodes, t_end), everyone, params)
-        error = state.error | jnp.where(runaway1 | runaway2, ERROR_RUNAWAY, 0)
-        new = state._replace(slots=c.slots, nodes=nodes, cache=c.cache, error=error)
-        return st._replace(state=new, acc=acc, until=t_end)
 
     def _close(self, st: _Step, params: EnvParams) -> tuple[jax.Array, State, jax.Array, jax.Array, dict]:
         """Log the finished requests, compute the reward, move the clock to the next arrival."""
@@ -298,7 +290,9 @@ class BurstBalance:
         gap = state.requests.arrival[k + 1] - state.requests.arrival[k]
         w = params.rate_window
         rate = state.rate_estimate * jnp.exp(-gap / w) + 1.0 / w
-        error = state.error | jnp.where(state.cache.counter.max() > _STAMP_LIMIT, ERROR_STAMP_OVERFLOW, 0)
+        cache = state.cache
+        error = state.error | jnp.where(cache.table.counter.max() > _STAMP_LIMIT, ERROR_STAMP_OVERFLOW, 0)
+        error = error | jnp.where(cache.full.any(), ERROR_CACHE_FULL, 0)
         new = state._replace(
             step=k + 1,
             clock=clock,
@@ -309,7 +303,7 @@ class BurstBalance:
             log=log,
             error=error,
         )
-        geo = cluster.geometry(new.slots, new.requests, new.cache, cfg)
+        geo = cluster.geometry(new.slots, new.requests, params, cfg)
         interval = params.signal_interval
         refresh = clock >= state.next_refresh
         seen = jnp.where(refresh, load_signals(new, geo, params, cfg), state.seen)
@@ -320,6 +314,12 @@ class BurstBalance:
         view = router_view(new, params, cfg)
         info = {"dropped": st.dropped, "action_mask": action_mask(view), "error": new.error}
         return observe(view, params, cfg), new, -cost / params.reward_scale, last, info
+
+    def _tidy(self, state: State) -> State:
+        """`state` (one cluster or a batch) with its prefix-cache tables rebuilt if they need it."""
+        if not self.cfg.prefix_caching:
+            return state
+        return state._replace(cache=prefix_cache.tidy(state.cache))
 
     def _at_width(self, state: State, step) -> tuple:
         """`step(state)` -> (obs, state, reward, done, info) run on the narrowest slot tables that
@@ -349,12 +349,9 @@ class BurstBalance:
         """
 
         def step(state: State):
-            st = self._route_advance(state, action, params)
-            if self.cfg.end == "drain":
-                st = jax.lax.cond(st.last, lambda s: self._drain(s, params), lambda s: s, st)
-            return self._close(st, params)
+            return self._close(self._route_advance(state, action, params), params)
 
-        return self._at_width(state, step)
+        return self._at_width(self._tidy(state), step)
 
     def view(self, state: State, params: EnvParams) -> RouterView:
         """What a router sees of the request `state.step` (`burstgym.observation.RouterView`)."""
@@ -409,20 +406,15 @@ class BurstBalance:
         """`step_env` over a batch of clusters, without auto-reset.
 
         `per_cluster`: `params` has a leading cluster axis (`burstgym.rollout.per_cluster`) rather
-        than being shared. The batch runs at the slot width its fullest cluster needs. The drain of
-        a last step sits behind one `lax.cond` on "any cluster ends now", so the other steps pay
-        nothing for it.
+        than being shared. The batch runs at the slot width its fullest cluster needs.
         """
         axis = 0 if per_cluster else None
 
         def step(states: State):
             st = jax.vmap(self._route_advance, in_axes=(0, 0, axis))(states, actions, params)
-            if self.cfg.end == "drain":
-                drain = jax.vmap(self._drain, in_axes=(0, axis))
-                st = jax.lax.cond(st.last.any(), lambda s: drain(s, params), lambda s: s, st)
             return jax.vmap(self._close, in_axes=(0, axis))(st, params)
 
-        return self._at_width(states, step)
+        return self._at_width(self._tidy(states), step)
 
     def batched_step(
         self, states: State, actions: jax.Array, params: EnvParams

@@ -28,6 +28,7 @@ from burstgym.env import BurstBalance
 from burstgym.metrics import to_python
 from burstgym.observation import OBS_HIGH, RouterView, obs_size
 from burstgym.types import (
+    ERROR_CACHE_FULL,
     ERROR_RUNAWAY,
     ERROR_SLOT_OVERFLOW,
     ERROR_STAMP_OVERFLOW,
@@ -41,6 +42,8 @@ _ERRORS = {
     ERROR_SLOT_OVERFLOW: "a node's slot table overflowed: raise `slots` (requests a node can hold)",
     ERROR_RUNAWAY: "an event loop exceeded its bound between two arrivals (a node that never finishes)",
     ERROR_STAMP_OVERFLOW: "the prefix cache's release counter overflowed: shorten `episode_length`",
+    ERROR_CACHE_FULL: "a node's prefix cache had no room for a chunk, every entry pinned: raise "
+    "`EnvConfig.cache_entries` (parameters changed by hand past what `scenarios.make` sized it for)",
 }
 _PHASES = ("idle", "busy", "asleep", "waking")
 

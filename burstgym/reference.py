@@ -86,6 +86,7 @@ class RefNode:
     sleep_timeout: float = math.inf  # seconds idle and empty before sleeping (inf: never)
     wake_delay: float = 0.0  # seconds from the waking arrival to being able to run
     prefix_caching: bool = False  # continuous: per-node prefix cache over the stream's chunks
+    cache_entries: int | None = None  # chunks the prefix cache holds at most (None: no limit)
     padding: bool = True  # dynamic: pad prompts to the batch's longest, finished rows stay
 
     def __post_init__(self) -> None:
@@ -114,6 +115,8 @@ class RefNode:
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "kv_blocks", "max_batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.cache_entries is not None and self.cache_entries < 1:
+            raise ValueError(f"cache_entries must be >= 1 (None: no limit), got {self.cache_entries}")
         if self.queue_capacity < 0:
             raise ValueError(f"queue_capacity must be >= 0, got {self.queue_capacity}")
         if not self.speed > 0:
@@ -376,10 +379,12 @@ class _Node:
 
 class _Cache:
     """A node's prefix cache: pinned chunks with their holders' count, and an LRU queue of the
-    chunks no running request holds (least recently released first)."""
+    chunks no running request holds (least recently released first); at most `max_entries`
+    chunks after every eviction."""
 
-    def __init__(self, blocks: list[int]):
+    def __init__(self, blocks: list[int], max_entries: int | None):
         self.blocks = blocks  # KV blocks of each chunk id on this node
+        self.max_entries = math.inf if max_entries is None else max_entries
         self.ref: dict[int, int] = {}
         self.free: OrderedDict[int, None] = OrderedDict()
         self.pinned = 0  # blocks of the pinned chunks
@@ -407,14 +412,20 @@ class _Cache:
             self.cached += self.blocks[u]
 
     def evict(self, deficit: int) -> int:
-        """Evict least recently released chunks until `deficit` blocks are free; blocks evicted."""
+        """Evict least recently released chunks until `deficit` blocks are free and at most
+        `max_entries` chunks are held; blocks evicted. Raises if the chunks left, all pinned, are
+        more than `max_entries`."""
         evicted = 0
-        while deficit > 0 and self.free:
+        while (deficit > 0 or len(self.ref) + len(self.free) > self.max_entries) and self.free:
             u, _ = self.free.popitem(last=False)
             b = self.blocks[u]
             self.cached -= b
             deficit -= b
             evicted += b
+        if len(self.ref) > self.max_entries:
+            raise RuntimeError(
+                f"prefix cache full: {len(self.ref)} pinned chunks > cache_entries {self.max_entries}"
+            )
         return evicted
 
 
@@ -425,7 +436,8 @@ class _ContinuousNode(_Node):
     def __init__(self, cfg: RefNode, s: _Stream, t0: float):
         super().__init__(cfg, s, t0)
         bs = cfg.block_size
-        self.cache = _Cache([_ceil_div(c, bs) for c in s.chunk_tokens]) if cfg.prefix_caching else None
+        blocks = [_ceil_div(c, bs) for c in s.chunk_tokens]
+        self.cache = _Cache(blocks, cfg.cache_entries) if cfg.prefix_caching else None
         self.waiting: deque[int] = deque()
         self.running: list[int] = []  # in admission order, oldest first
         self.sched: list[tuple[int, int]] = []  # (request, tokens) of the running iteration
@@ -745,21 +757,20 @@ def _chunks(
     chunk_tokens: ArrayLike | None,
     grain: int,
 ) -> tuple[list[tuple[list[int], list[int]]], list[int]]:
-    """Each request's leading chunks (ids, token ends) and each chunk id's tokens, validated."""
-    given = [x is not None for x in (chunk_ids, id_tokens, chunk_tokens)]
-    if any(given) and not all(given):
-        raise ValueError("chunk_ids, id_tokens and chunk_tokens must be given together")
-    if not all(given):
+    """Each request's leading chunks (ids, token ends) and each chunk id's tokens, validated.
+
+    Without `chunk_tokens` a chunk id's tokens are those of its place in the sequences that carry
+    it (which must agree: equal ids mean equal tokens)."""
+    if (chunk_ids is None) != (id_tokens is None) or (chunk_tokens is not None and chunk_ids is None):
+        raise ValueError("chunk_ids and id_tokens must be given together (chunk_tokens with them)")
+    if chunk_ids is None:
         return [([], []) for _ in range(e)], []
     ids = np.asarray(chunk_ids)
     tok = np.asarray(id_tokens)
-    lengths = np.asarray(chunk_tokens)
     if ids.ndim != 2 or ids.shape[0] != e:
         raise ValueError(f"chunk_ids must have shape [{e}, B], got {ids.shape}")
     if tok.shape != (e,):
         raise ValueError(f"id_tokens must have shape [{e}], got {tok.shape}")
-    if lengths.ndim != 1:
-        raise ValueError(f"chunk_tokens must be one-dimensional, got shape {lengths.shape}")
     if not (isinstance(grain, (int, np.integer)) and grain >= 1):
         raise ValueError(f"grain must be a positive integer, got {grain!r}")
     for n, cfg in enumerate(nodes):
@@ -767,6 +778,13 @@ def _chunks(
             raise ValueError(
                 f"grain ({grain}) must be a multiple of node {n}'s block_size ({cfg.block_size})"
             )
+    derived = chunk_tokens is None
+    if derived:
+        lengths = np.full(int(ids.max(initial=-1)) + 1, -1, np.int64)
+    else:
+        lengths = np.asarray(chunk_tokens)
+        if lengths.ndim != 1:
+            raise ValueError(f"chunk_tokens must be one-dimensional, got shape {lengths.shape}")
     if ((ids < -1) | (ids >= len(lengths))).any():
         raise ValueError(f"chunk_ids must lie in [-1, {len(lengths)})")
     out = []
@@ -777,11 +795,13 @@ def _chunks(
             raise ValueError(f"chunk_ids[{i}] has a -1 before a chunk id: ids must lead, -1 pads")
         ends = [min((j + 1) * grain, int(tok[i])) for j in range(len(valid))]
         for j, u in enumerate(valid):
-            if lengths[u] != ends[j] - j * grain:
-                raise ValueError(
-                    f"chunk_tokens[{u}] = {lengths[u]}, but chunk {j} of request {i} has "
-                    f"{ends[j] - j * grain} tokens"
-                )
+            size = ends[j] - j * grain
+            if lengths[u] < 0:
+                lengths[u] = size
+            if lengths[u] != size:
+                name = f"chunk id {u} has {lengths[u]} tokens" if derived else f"chunk_tokens[{u}] = "
+                name += "" if derived else str(lengths[u])
+                raise ValueError(f"{name}, but chunk {j} of request {i} has {size} tokens")
         out.append((valid, ends))
     return out, [int(x) for x in lengths]
 
@@ -816,7 +836,7 @@ def simulate(
     :param actions: [E] node index for each request.
     :param chunk_ids: [E, B] prefix-chunk ids of each request's sequence, -1 pads (`Requests`).
     :param id_tokens: [E] tokens of each sequence the chunk ids cover.
-    :param chunk_tokens: [U] tokens of each chunk id.
+    :param chunk_tokens: [U] tokens of each chunk id (optional: by default, from the chunks' places).
     :param grain: tokens per chunk (`EnvConfig.chunk_tokens`).
     :param objective: "latency", "excess" or "slo".
     :param reward: "accrual" (latency credited as it accrues) or "finish" (when a request finishes).
@@ -978,6 +998,7 @@ def nodes_from_params(cfg: EnvConfig, params: EnvParams) -> list[RefNode]:
             sleep_timeout=float(at(p.sleep_timeout, i)),
             wake_delay=float(at(p.wake_delay, i)),
             prefix_caching=bool(cfg.prefix_caching),
+            cache_entries=int(cfg.cache_entries) if cfg.prefix_caching else None,
             padding=bool(cfg.padding),
         )
         for i in range(n)

@@ -26,8 +26,9 @@ reset (compiled per configuration) and the episode (reset state in, final state 
 compiled once per configuration up to its workload, since the step never reads the workload:
 configurations that differ only in load or arrival process (a regime map) share it. Parameters
 get a leading cluster axis (`per_cluster`, see `step_clusters` for why). Within a device the
-clusters run `chunk` at a time (`lax.map` over vmapped groups): one at a time on CPU, all at once
-on an accelerator (docs/performance.md).
+clusters run `chunk` at a time (`lax.map` over vmapped groups): one at a time on CPU; on an
+accelerator as many as its free memory holds, read from the compiled program's memory analysis
+(`fit_chunk`, docs/performance.md).
 
 Sharding: the cluster axis is placed with a `NamedSharding` over every visible device (a 1-D mesh
 "clusters") when the device count divides the number of clusters, and each device runs its own
@@ -45,7 +46,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,6 +93,8 @@ class EpisodeBatch:
     compile_s: float  # seconds spent compiling in this call (0 when every function was cached)
     run_s: float  # seconds running the compiled reset and episode (to results on the device)
     devices: int  # devices the cluster axis was sharded over (1: unsharded)
+    chunk: int  # clusters vmapped together in one group on each device
+    memory_bytes: int  # the compiled episode's arguments, outputs and temporaries (XLA's analysis)
 
     def first_error(self) -> tuple[int, int] | None:
         """(step, bits) of the batch's first error, as the step-by-step rollout sees it: the first
@@ -156,6 +159,51 @@ def chunk_size(n_clusters: int, target: int) -> int:
     """The largest divisor of `n_clusters` that is at most `target` (at least 1)."""
     target = max(1, min(target, n_clusters))
     return max(d for d in range(1, target + 1) if n_clusters % d == 0)
+
+
+# Share of a device's free memory a compiled episode may plan to use (XLA's analysis leaves out
+# fragmentation and the runtime's own buffers).
+MEMORY_HEADROOM = 0.8
+
+
+def episode_memory(compiled: Any) -> int:
+    """Bytes a compiled episode needs: arguments, outputs and temporaries, less what outputs
+    reuse of donated arguments (XLA's `memory_analysis`; 0 when the backend gives none)."""
+    m = compiled.memory_analysis()
+    if m is None:
+        return 0
+    total = m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
+    return int(total - m.alias_size_in_bytes)
+
+
+def device_free_bytes(devices: Sequence[Any]) -> int | None:
+    """The least free memory over `devices` (bytes_limit minus bytes in use), or None when the
+    backend does not report it (CPU)."""
+    free = []
+    for d in devices:
+        stats = d.memory_stats() if hasattr(d, "memory_stats") else None
+        if not stats or "bytes_limit" not in stats:
+            return None
+        free.append(int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0)))
+    return min(free)
+
+
+def fit_chunk(n_local: int, compile_at: Callable[[int], tuple[Any, float]], budget: int, resident: int):
+    """The largest group size (a divisor of `n_local`, the clusters per device) whose compiled
+    episode needs at most `budget` bytes (`episode_memory`), of which `resident` (its arguments,
+    on the device already) do not grow with the group. All at once first; then the size the last
+    analysis predicts (the rest of the need is about linear in the group size), at most half the
+    last size, until one fits (1 at the least, whatever it needs). `compile_at(k)` compiles for
+    groups of k and returns (compiled, seconds). Returns (k, compiled, compile seconds spent)."""
+    k, spent = n_local, 0.0
+    while True:
+        compiled, seconds = compile_at(k)
+        spent += seconds
+        need = episode_memory(compiled)
+        if need <= budget or k == 1:
+            return k, compiled, spent
+        guess = int(k * max(budget - resident, 0) / max(need - resident, 1))
+        k = chunk_size(n_local, min(max(guess, 1), k // 2))
 
 
 def _episode_fn(cfg: EnvConfig, routers: tuple[Any, ...], chunk: int | None):
@@ -242,6 +290,11 @@ def _episode_fn(cfg: EnvConfig, routers: tuple[Any, ...], chunk: int | None):
     return chunked
 
 
+def _resident(args: tuple, n_devices: int) -> int:
+    """Bytes of the episode's arguments on each device."""
+    return sum(x.nbytes for x in jax.tree.leaves(args)) // n_devices
+
+
 def _reset_fn(cfg: EnvConfig):
     core = BurstBalance(cfg)
 
@@ -294,6 +347,7 @@ def rollout(
     shard: bool = True,
     devices: Sequence[Any] | None = None,
     chunk: int | str | None = "auto",
+    memory_limit: int | None = None,
     check: bool = True,
 ) -> EpisodeBatch:
     """Episodes of every router in `routers` on every seed in `seeds` (see the module docstring).
@@ -302,11 +356,16 @@ def rollout(
     folded with each episode's seed. `shard=False` keeps every cluster on the default device.
     `chunk` clusters are vmapped together and the groups run one after another (`lax.map`); None
     vmaps every cluster of a device at once; "auto" (default) is 1 on CPU, where a vmapped batch
-    runs each step's event loops for as long as its slowest cluster needs and gains nothing,
-    and None on accelerators. With `check` (default) the first simulation error is raised after
-    the call."""
-    if chunk == "auto":
-        chunk = 1 if jax.default_backend() == "cpu" else None
+    runs each step's event loops for as long as its slowest cluster needs and gains nothing, and
+    on accelerators the largest group whose compiled episode fits `MEMORY_HEADROOM` of the
+    device's free memory (`fit_chunk`). `memory_limit` (bytes per device) makes "auto" fit the
+    group to that budget instead, on any backend. With `check` (default) the first simulation
+    error is raised after the call."""
+    if memory_limit is not None and memory_limit < 1:
+        raise ValueError(f"memory_limit must be a positive number of bytes, got {memory_limit}")
+    if chunk == "auto" and memory_limit is None and jax.default_backend() == "cpu":
+        chunk = 1
+    fit = chunk == "auto"
     routers = tuple(routers)
     if not routers:
         raise ValueError("rollout needs at least one router")
@@ -336,15 +395,26 @@ def rollout(
     weights = tuple(r.weights() if getattr(r, "observes", False) else () for r in routers)
     args = (states, ridx, rseed, seed_arr, params, weights)
     donate = (0,) if jax.default_backend() != "cpu" else ()
-    episode, t_episode = _compiled(
-        _EPISODE,
-        (shared, routers, chunk),
-        lambda: _episode_fn(cfg, routers, chunk),
-        args,
-        mesh,
-        donate,
-        replicated=1,
-    )
+    n_devices = 1 if mesh is None else mesh.devices.size
+    local = c // n_devices
+
+    def compile_at(k: int | None):
+        k = None if k is not None and k >= local else k  # every cluster of the device at once
+        build = functools.partial(_episode_fn, cfg, routers, k)
+        return _compiled(_EPISODE, (shared, routers, k), build, args, mesh, donate, replicated=1)
+
+    budget = memory_limit
+    if fit and budget is None:
+        placed = list(mesh.devices.flat) if mesh is not None else list(states.requests.prompt.devices())
+        free = device_free_bytes(placed)
+        # the arguments are on the device already: what was free before them is free + resident
+        budget = None if free is None else int(MEMORY_HEADROOM * (free + _resident(args, n_devices)))
+    if fit and budget is not None:
+        chunk, episode, t_episode = fit_chunk(local, compile_at, budget, _resident(args, n_devices))
+    else:
+        chunk = None if fit else chunk
+        episode, t_episode = compile_at(chunk)
+        chunk = local if chunk is None else chunk_size(local, chunk)
     start = time.perf_counter()
     out = episode(*args)
     jax.block_until_ready(out)
@@ -367,7 +437,9 @@ def rollout(
         error_first=np.asarray(out["error_first"]),
         compile_s=t_reset + t_episode,
         run_s=run_s,
-        devices=1 if mesh is None else mesh.devices.size,
+        devices=n_devices,
+        chunk=chunk,
+        memory_bytes=episode_memory(episode),
     )
     if check:
         batch.check()

@@ -29,6 +29,7 @@ import numpy as np
 from burstgym import capacity
 from burstgym.latency import LatencyModel, PowerModel, Profile, load_profile
 from burstgym.latency.power import flat_power_model
+from burstgym.prefix_cache import entry_bound
 from burstgym.types import ENDS, OBJECTIVES, REWARDS, SCHEDULERS, EnvConfig, EnvParams, NodeParams
 from burstgym.workload import (
     ArrivalProcess,
@@ -606,6 +607,12 @@ def make(name: str, **overrides) -> tuple[EnvConfig, EnvParams]:
         raise ValueError(
             f"the workload's prefix chunks ({chunk} tokens) are not whole KV blocks of {s.block_size}"
         )
+    # Generated prompts are cut at whole chunks; a trace's last block of a prompt may be shorter.
+    whole = not isinstance(workload.arrivals, TraceReplay)
+    entries = max(
+        entry_bound(kv // s.block_size, s.block_size, chunk or 512, seq, whole)
+        for kv, seq in zip(kv_tokens, seqs, strict=True)
+    )
     cfg = EnvConfig(
         n_nodes=n,
         episode_length=s.episode_length,
@@ -618,6 +625,7 @@ def make(name: str, **overrides) -> tuple[EnvConfig, EnvParams]:
         slot_widths=tuple(int(w) for w in s.slot_widths),
         prefix_caching=s.scheduler == "continuous" and s.prefix_caching and chunk > 0,
         chunk_tokens=chunk or 512,
+        cache_entries=entries,
         padding=s.padding,
     )
     return cfg, params

@@ -33,6 +33,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from burstgym import chunk_table as ct
 from burstgym import prefix_cache as pc
 from burstgym.latency import LatencyModel, PowerModel, energy_j, step_time
 from burstgym.prefix_cache import Chunks, ceil_div
@@ -83,6 +84,7 @@ class Plan(NamedTuple):
     batch_rows: jax.Array  # [] int32, rows of the batch in flight after this plan (dynamic)
     batch_prompt: jax.Array  # [] int32, its padded prompt length (dynamic)
     stats: Admission
+    at: jax.Array | None = None  # [S, B] int32 table positions of the pinned chunks (prefix caching)
 
 
 def _greedy(need_sorted: jax.Array, budget: jax.Array) -> jax.Array:
@@ -157,6 +159,7 @@ def _admit_fcfs(slots: Slots, t: jax.Array, free: jax.Array, n_run: jax.Array, c
 class _Admitting(NamedTuple):
     slots: Slots
     cache: PrefixCache
+    at: jax.Array  # [S, B] table positions of the pinned chunks
     admitted: jax.Array
     private: jax.Array  # [] private blocks of the running set
     budget: jax.Array
@@ -169,11 +172,13 @@ class _Admitting(NamedTuple):
 def _admit_cached(
     slots: Slots,
     cache: PrefixCache,
+    at: jax.Array,
     chunks: Chunks,
     private: jax.Array,
     budget: jax.Array,
     n_run: jax.Array,
     cfg: NodeConfig,
+    max_entries: int,
 ):
     """Admission with a prefix cache, one waiting request at a time in queue order (vLLM V1).
 
@@ -207,7 +212,12 @@ def _admit_cached(
         is_wait = pick(sl.status == WAITING)
         mine = jax.tree.map(pick, chunks)
         ids, end, blk = mine.ids, mine.end, mine.blocks
-        held_now = pc.present_at(c, ids)
+        valid = ids >= 0
+        # Every chunk of the request gets an entry (one that stays unpinned is not held: it costs
+        # nothing), so one probe finds what is held and where the pins go.
+        table, spot, overflow = ct.insert(c.table, ids, is_wait & valid, mine.tokens)
+        c = c._replace(table=table, full=c.full | overflow)
+        held_now = pc.held_at(c, spot)
         h = pc.leading_run(held_now)
         seq_len = pick(sl.prompt + sl.generated)
         cap = bs * ((seq_len - 1) // bs)
@@ -216,15 +226,15 @@ def _admit_cached(
         done_tok = hit_tok + t
         new_pin = jnp.maximum(h, ((ids >= 0) & (end <= done_tok)).sum().astype(jnp.int32))
         own = ceil_div(jnp.maximum(done_tok - pc.chunk_end(end, new_pin), 0), bs)
-        valid = ids >= 0
-        ref_now = c.ref[jnp.maximum(ids, 0)]
+        ref_now = c.table.ref[jnp.maximum(spot, 0)]
         claim = jnp.where(valid & (j < h) & (ref_now == 0), blk, 0).sum()
         fresh = jnp.where(valid & (j >= h) & (j < new_pin) & ~held_now, blk, 0).sum()
         available = cfg.kv_blocks - s.private - c.pinned
         ok = is_wait & (t > 0) & (own + fresh + claim <= available) & (s.n_run < cfg.max_num_seqs)
-        c2 = pc.add_refs(c, mine, ok & valid & (j < new_pin))
+        pins = ok & valid & (j < new_pin)
+        c2 = pc.pin_at(c, mine, spot, pins)
         private2 = s.private + jnp.where(ok, own, 0)
-        c2 = pc.evict(c2, jnp.where(ok, private2 + c2.cached - cfg.kv_blocks, 0))
+        c2 = pc.evict(c2, jnp.where(ok, private2 + c2.cached - cfg.kv_blocks, 0), bs, max_entries)
         first = ok & (pick(sl.hit) < 0)
         take, fill = here & ok, here & first
         new = sl._replace(
@@ -242,6 +252,7 @@ def _admit_cached(
         return _Admitting(
             slots=new,
             cache=c2,
+            at=jnp.where(here[:, None] & pins[None, :], spot[None, :], s.at),
             admitted=s.admitted | take,
             private=private2,
             budget=s.budget - jnp.where(ok, t, 0),
@@ -256,6 +267,7 @@ def _admit_cached(
     init = _Admitting(
         slots=slots,
         cache=cache,
+        at=at,
         admitted=jnp.zeros(n_slots, bool),
         private=private,
         budget=budget,
@@ -265,7 +277,7 @@ def _admit_cached(
         stats=Admission(zero, zero, zero),
     )
     out = jax.lax.while_loop(cond, body, init)
-    return out.slots, out.cache, out.admitted, out.stats
+    return out.slots, out.cache, out.at, out.admitted, out.stats
 
 
 def plan_continuous(
@@ -273,10 +285,14 @@ def plan_continuous(
     cfg: NodeConfig,
     cache: PrefixCache,
     chunks: Chunks | None,
+    at: jax.Array | None = None,
+    max_entries: int = 0,
 ) -> Plan:
     """Plan the next continuous-batching iteration of one node (docs/semantics.md, steps 1-4).
 
-    `chunks` is None without prefix caching (that code is then not traced).
+    `chunks` is None without prefix caching (that code is then not traced); with it, `at` ([S, B])
+    holds the table positions of the pinned chunks (`prefix_cache.locate`; the plan returns them
+    updated) and `max_entries` the chunks a node may hold (`EnvConfig.cache_entries`).
     """
     n_slots = slots.status.shape[0]
     pos = jnp.arange(n_slots)
@@ -305,9 +321,9 @@ def plan_continuous(
         width = chunks.ids.shape[1]
         j = jnp.arange(width)[None, :]
         pairs = running[:, None] & (j < slots.pin[:, None]) & (chunks.ids >= 0)
-        cache, first = pc.first_pinners(cache, chunks.ids, pairs)  # each pinned chunk once
-        at = jnp.where(first, jnp.broadcast_to(pos[:, None], first.shape), n_slots)
-        by_pos = jnp.zeros(n_slots + 1, jnp.int32).at[at].add(jnp.where(first, chunks.blocks, 0))
+        cache, first = pc.first_pinners(cache, at, pairs)  # each pinned chunk once
+        slot_of = jnp.where(first, jnp.broadcast_to(pos[:, None], first.shape), n_slots)
+        by_pos = jnp.zeros(n_slots + 1, jnp.int32).at[slot_of].add(jnp.where(first, chunks.blocks, 0))
         freed = freed + (jnp.cumsum(by_pos[::-1])[::-1])[:n_slots]
     keep_extra = jnp.cumsum(extra) - extra
     fits = keep_extra <= available + freed
@@ -324,26 +340,27 @@ def plan_continuous(
     )
     if cached:
         # Preempted requests release their chunks, newest request first, last chunk first.
-        order = (n_slots - 1 - pos)[:, None] * width + (width - 1 - j)
         rel = preempted[:, None] & (j < slots.pin[:, None]) & (chunks.ids >= 0)
-        cache = pc.release(cache, chunks, rel, order)
+        rank, span = pc.release_rank(rel, slots.pin, newest_first=True)
+        cache = pc.release(cache, chunks, at, rel, rank, span)
         # Chunks the running requests complete in this iteration are cached now (vLLM caches full
         # blocks when it allocates them), then evictions make room for their growth.
         new_pin = jnp.maximum(slots.pin, pc.covered(chunks, slots.computed + t))
         new_pin = jnp.where(kept, new_pin, 0)
         ins = kept[:, None] & (j >= slots.pin[:, None]) & (j < new_pin[:, None]) & (chunks.ids >= 0)
-        cache = pc.add_refs(cache, chunks, ins)
+        cache, spot = pc.add_refs(cache, chunks, ins)
+        at = jnp.where(ins, spot, at)
         slots = slots._replace(pin=jnp.where(running, new_pin, slots.pin))
         grown = jnp.where(
             kept, ceil_div(jnp.maximum(slots.computed + t - pc.chunk_end(chunks.end, new_pin), 0), bs), 0
         ).sum()
-        cache = pc.evict(cache, grown + cache.cached - cfg.kv_blocks)
+        cache = pc.evict(cache, grown + cache.cached - cfg.kv_blocks, bs, max_entries)
         # 3. Admission, one by one, only when nothing was preempted.
         # (int32 carries: under x64 the sums would be int64 and scatter into int32 slots.)
         budget_left = jnp.where(n_pre == 0, cfg.max_num_batched_tokens - t.sum(), 0).astype(jnp.int32)
         n_kept = kept.sum().astype(jnp.int32)
-        slots, cache, admitted, stats = _admit_cached(
-            slots, cache, chunks, grown.astype(jnp.int32), budget_left, n_kept, cfg
+        slots, cache, at, admitted, stats = _admit_cached(
+            slots, cache, at, chunks, grown.astype(jnp.int32), budget_left, n_kept, cfg, max_entries
         )
     else:
         free_after = empty + jnp.where(preempted, private, 0).sum() - jnp.where(kept, extra, 0).sum()
@@ -365,6 +382,7 @@ def plan_continuous(
         zero,
         zero,
         stats,
+        at,
     )
 
 
@@ -583,14 +601,15 @@ def finish_iteration(
 
 
 def release_finished(
-    cache: PrefixCache, slots: Slots, finished: jax.Array, chunks: Chunks
+    cache: PrefixCache, slots: Slots, finished: jax.Array, chunks: Chunks, at: jax.Array
 ) -> tuple[PrefixCache, Slots]:
-    """Finished requests release their chunks (in admission order, each last chunk first)."""
-    n_slots, width = chunks.ids.shape
+    """Finished requests release their chunks (in admission order, each last chunk first); `at`
+    holds the chunks' table positions."""
+    width = chunks.ids.shape[1]
     j = jnp.arange(width)[None, :]
-    pos = jnp.arange(n_slots)[:, None]
     rel = finished[:, None] & (j < slots.pin[:, None]) & (chunks.ids >= 0)
-    cache = pc.release(cache, chunks, rel, pos * width + (width - 1 - j))
+    rank, span = pc.release_rank(rel, slots.pin, newest_first=False)
+    cache = pc.release(cache, chunks, at, rel, rank, span)
     return cache, slots._replace(pin=jnp.where(finished, 0, slots.pin))
 
 

@@ -1,7 +1,8 @@
 """The simulator's data: static configuration, per-episode parameters and state, as pytrees.
 
 Shapes use `N` for nodes, `S` for request slots per node, `E` for requests per episode, `B` for
-prefix chunks per request and `U` for distinct prefix chunks per episode. Every array field says
+prefix chunks per request, `U` for distinct prefix chunks per episode and `H` for the positions of a
+node's prefix-cache table (`burstgym.prefix_cache.positions`). Every array field says
 its shape and dtype; floats use JAX's default float dtype.
 
 Times held in the state are *relative to the current arrival* (the clock's origin moves to each
@@ -16,6 +17,7 @@ from typing import NamedTuple
 
 import jax
 
+from burstgym.chunk_table import ChunkTable
 from burstgym.latency import LatencyModel, PowerModel
 from burstgym.workload import Requests, Workload
 
@@ -48,6 +50,8 @@ class EnvConfig:
     slot_widths: tuple[int, ...] = (32, 128)
     prefix_caching: bool = False  # continuous batching: per-node prefix cache (traced only when True)
     chunk_tokens: int = 512  # G, tokens per prefix-cache chunk (a multiple of every node's block_size)
+    # Chunks a node's prefix cache holds at most (burstgym.prefix_cache.entry_bound); sizes its table.
+    cache_entries: int = 0
     padding: bool = True  # dynamic batching: pad prompts to the batch's longest, keep finished rows
 
 
@@ -138,24 +142,21 @@ class NodeState(NamedTuple):
 
 
 class PrefixCache(NamedTuple):
-    """Per-node prefix cache over the episode's U distinct chunks (docs/semantics.md, "Prefix cache").
+    """Per-node prefix cache (docs/semantics.md, "Prefix cache"): a table of the chunks the node
+    holds, keyed by chunk id, of a fixed size (`burstgym.prefix_cache.positions`).
 
-    A chunk is present on a node when a running request pins it (`ref > 0`) or when it was
-    released after the node's eviction watermark (`stamp > watermark`). Releases get increasing
-    stamps, so evicting least-recently-released first is raising the watermark. The node's totals
-    (`cached`, `pinned`, `cached_tokens`) are kept up to date by every change, so only eviction
-    scans the U chunks (`burstgym.prefix_cache`).
+    A chunk is present on a node when a running request pins it (its entry's `ref > 0`) or when
+    it was released after the node's eviction watermark (`stamp > watermark`). Releases get
+    increasing stamps, so evicting least-recently-released first is raising the watermark
+    (`burstgym.chunk_table`). The node's totals are kept up to date by every change.
     """
 
-    ref: jax.Array  # [N, U] int32, running requests that hold the chunk
-    stamp: jax.Array  # [N, U] int32, release order of the chunk while it is not pinned (0: never released)
-    blocks: jax.Array  # [N, U] int32, KV blocks the chunk occupies on the node (fixed per episode)
-    tokens: jax.Array  # [N, U] int32, tokens of the chunk (fixed per episode)
-    watermark: jax.Array  # [N] int32, chunks released at or before this stamp are evicted
-    counter: jax.Array  # [N] int32, last stamp handed out
+    table: ChunkTable  # [N, H] per field (payload: [N, H] int32 tokens of each chunk)
     cached: jax.Array  # [N] int32, KV blocks of the chunks the node holds (pinned or not)
     pinned: jax.Array  # [N] int32, KV blocks of the pinned chunks
     cached_tokens: jax.Array  # [N] int32, tokens of the chunks the node holds (its "tree size")
+    entries: jax.Array  # [N] int32, chunks the node holds (at most EnvConfig.cache_entries)
+    full: jax.Array  # [N] bool, a chunk found no room: every entry pinned (ERROR_CACHE_FULL)
 
 
 class RequestLog(NamedTuple):
@@ -180,7 +181,9 @@ class State(NamedTuple):
     """Everything about one cluster's episode."""
 
     key: jax.Array  # [2] uint32, raw PRNG key data for the next reset
-    requests: Requests  # the episode's stream, [E + 1] each (the last only marks the cut time)
+    # the episode's stream, [E + 1] each (the last only marks the cut time); its chunk_tokens is
+    # left empty ([0]): a chunk's tokens follow from its place in the sequence (prefix_cache.slot_chunks)
+    requests: Requests
     service: Service  # idle-node service times, [E + 1] each
     step: jax.Array  # [] int32, index of the request waiting to be routed
     horizon: jax.Array  # [] int32, the episode ends after routing this many requests (<= E)
@@ -200,3 +203,4 @@ class State(NamedTuple):
 ERROR_SLOT_OVERFLOW = 1
 ERROR_RUNAWAY = 2
 ERROR_STAMP_OVERFLOW = 4
+ERROR_CACHE_FULL = 8

@@ -34,15 +34,15 @@ def _kv_used(state, params, cfg):
     if not cfg.prefix_caching:
         blocks = (slots.computed + block_size[:, None] - 1) // block_size[:, None]
         return jnp.where(slots.status == RUNNING, blocks, 0).sum(axis=1)
-    geo = cluster.geometry(slots, state.requests, state.cache, cfg)
+    geo = cluster.geometry(slots, state.requests, params, cfg)
     private = jax.vmap(scheduler.kv_blocks_used)(slots, geo.chunks, block_size)
-    held = jax.vmap(pc.scan_usage)(state.cache)[:, 0]  # recounted, not the kept total
+    held = jax.vmap(pc.scan_usage)(state.cache, block_size)[:, 0]  # recounted, not the kept total
     return private + held
 
 
-def _cache_scan(state):
-    """[3, N] the prefix cache's totals recounted from its chunks (zeros without a cache)."""
-    return jax.vmap(pc.scan_usage)(state.cache).T
+def _cache_scan(state, params):
+    """[4, N] the prefix cache's totals recounted from its table (zeros without a cache)."""
+    return jax.vmap(pc.scan_usage)(state.cache, params.nodes.block_size).T
 
 
 def pytest_configure(config) -> None:
@@ -100,8 +100,10 @@ def rollout_fn(cfg: EnvConfig, x64: bool = False):
                 "kv_used": _kv_used(st, params, cfg),
                 "mask": info["action_mask"],
                 # the prefix cache's kept totals, and the same recounted from its chunks
-                "cache_kept": jnp.stack([st.cache.cached, st.cache.pinned, st.cache.cached_tokens]),
-                "cache_scan": _cache_scan(st),
+                "cache_kept": jnp.stack(
+                    [st.cache.cached, st.cache.pinned, st.cache.cached_tokens, st.cache.entries]
+                ),
+                "cache_scan": _cache_scan(st, params),
             }
             return st, out
 

@@ -78,6 +78,28 @@ CASES = {
         "conversation",
         dict(**CONVERSATION, objective="excess", reward="finish", end="cut", **WEIGHTS),
     ),
+    # Shared system prompts in 64-token chunks on 768 KV tokens (12 chunks) per node under skewed
+    # overload: requests holding their own and shared chunks are preempted and release them.
+    "prefix-shared": (
+        "prefix",
+        dict(
+            n_nodes=4,
+            episode_length=160,
+            load=1.5,
+            max_num_seqs=4,
+            queue_capacity=6,
+            kv_capacity_tokens=768,
+            max_num_batched_tokens=256,
+            prompt_median=64.0,
+            prompt_max=256,
+            output_median=32.0,
+            output_max=128,
+            prefix_groups=8,
+            prefix_median=128.0,
+            prefix_max=256,
+            chunk_tokens=64,
+        ),
+    ),
     "padded": (
         "bursty-dynamic",
         dict(
@@ -130,7 +152,7 @@ def _reference(cfg, params, req, actions) -> RefResult:
     e = cfg.episode_length
     return simulate(
         nodes_from_params(cfg, params), req.arrival[:e], req.prompt[:e], req.output[:e], actions,
-        chunk_ids=req.chunk_ids[:e], id_tokens=req.id_tokens[:e], chunk_tokens=req.chunk_tokens,
+        chunk_ids=req.chunk_ids[:e], id_tokens=req.id_tokens[:e],
         grain=cfg.chunk_tokens, objective=cfg.objective, reward=cfg.reward, end=cfg.end,
         t_cut=float(req.arrival[e]), drop_penalty=float(params.drop_penalty),
         energy_weight=float(params.energy_weight), ttft_weight=float(params.ttft_weight),
@@ -178,6 +200,7 @@ EXERCISES = {
     "sleep": {"wake"},
     "prefix": {"hits", "evictions", "cut"},
     "prefix-tight": {"drops", "preemptions", "hits", "evictions", "cut"},
+    "prefix-shared": {"drops", "preemptions", "hits", "evictions"},
     "padded": {"drops", "padding", "slo"},
     "unpadded": {"drops", "cut"},
 }

@@ -7,6 +7,8 @@ never shapes. Clusters of 1-4 nodes are 4-node clusters whose router uses only t
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -16,8 +18,10 @@ from hypothesis import strategies as st
 
 from burstgym.gym_env import _spaces
 from burstgym.observation import OBS_HIGH
+from burstgym.prefix_cache import entry_bound
 
 N = BASE["n_nodes"]
+KV_FACTOR = (1.05, 3.0)  # a node's KV blocks hold this many times the longest request
 
 
 @st.composite
@@ -32,7 +36,7 @@ def clusters(draw):
         "queue_capacity": draw(ints(1, BASE["queue_capacity"])),
         "block_size": block,
         # enough blocks for the longest request (else a node would stall), up to ~3x that
-        "kv_factor": draw(st.lists(st.floats(1.05, 3.0), min_size=N, max_size=N)),
+        "kv_factor": draw(st.lists(st.floats(*KV_FACTOR), min_size=N, max_size=N)),
         "budget": draw(st.sampled_from([None, 512, 2048])),
         "load": draw(st.floats(0.3, 2.0)),
         "sleep": draw(st.booleans()),
@@ -76,6 +80,9 @@ def test_invariants(case, c) -> None:
     cfg, params = base(scheduler, **extra)
     assert cfg.prefix_caching == (case == "prefix")
     longest = cfg.workload.max_prompt + cfg.workload.max_output
+    if cfg.prefix_caching:  # a cache sized for the most KV blocks drawn (3x the longest, 1-token blocks)
+        most = entry_bound(int(KV_FACTOR[1] * longest) + 1, 1, cfg.chunk_tokens, BASE["max_num_seqs"], True)
+        cfg = dataclasses.replace(cfg, cache_entries=max(cfg.cache_entries, most))
     params = _params(c, params, longest)
     rng = np.random.default_rng(c["seed"])
     actions = rng.integers(0, c["n_used"], cfg.episode_length)

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from types import SimpleNamespace
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import rollout
 
+from burstgym import chunk_table as ct
 from burstgym import prefix_cache as pc
 from burstgym import scenarios
 from burstgym.types import PrefixCache
@@ -24,9 +24,12 @@ SHARED_DATA = Path(
 MOONCAKE = SHARED_DATA / "traces" / "mooncake_synthetic_trace.jsonl"
 
 
-def _empty() -> PrefixCache:
-    """A node's empty cache over four chunks of 32 tokens, two KV blocks of 16 each."""
-    return pc.empty_cache(SimpleNamespace(chunk_tokens=jnp.full(4, 32, jnp.int32)), jnp.int32(16))
+BS = jnp.int32(16)
+
+
+def _empty(entries: int = 8) -> PrefixCache:
+    """A node's empty cache for `entries` chunks (chunks of 32 tokens are two KV blocks of 16)."""
+    return pc.empty_cache(ct.positions_for(entries))
 
 
 def _chunks(ids: list) -> pc.Chunks:
@@ -36,51 +39,85 @@ def _chunks(ids: list) -> pc.Chunks:
 
 
 def _usage(c: PrefixCache) -> list[int]:
-    """(blocks held, blocks pinned) as kept, after checking them and the tokens against a recount."""
-    kept = [int(c.cached), int(c.pinned), int(c.cached_tokens)]
-    assert kept == [int(x) for x in pc.scan_usage(c)]
+    """(blocks held, blocks pinned) as kept, after checking them, the tokens and the chunks held
+    against a recount."""
+    kept = [int(c.cached), int(c.pinned), int(c.cached_tokens), int(c.entries)]
+    assert kept == [int(x) for x in pc.scan_usage(c, BS)]
     return kept[:2]
+
+
+def _present(c: PrefixCache, n: int = 4) -> list[bool]:
+    return np.asarray(pc.present_at(c, jnp.arange(n, dtype=jnp.int32))).tolist()
 
 
 def _release(cache: PrefixCache, ids: list[int]) -> PrefixCache:
     """Release `ids` in one event, the last listed being the most recently used."""
     ch = _chunks([ids])
-    return pc.release(cache, ch, jnp.ones(ch.ids.shape, bool), jnp.arange(ch.ids.size)[None, :])
+    at = pc.locate(cache, ch.ids)
+    return pc.release(cache, ch, at, jnp.ones(ch.ids.shape, bool), jnp.arange(ch.ids.size)[None, :], len(ids))
 
 
 def test_lru_eviction_order() -> None:
     """Chunks released earlier are evicted first; within one event, by release order; eviction
     stops as soon as the deficit is covered."""
     c = _empty()
-    c = pc.add_refs(c, _chunks([0, 1, 2, 3]), jnp.ones(4, bool))
+    c = pc.add_refs(c, _chunks([0, 1, 2, 3]), jnp.ones(4, bool))[0]
     c = _release(c, [1])  # first event: chunk 1
     c = _release(c, [3, 0])  # second event: 3, then 0 (most recent)
-    np.testing.assert_array_equal(pc.present(c), [True, True, True, True])  # 2 is pinned
+    assert _present(c) == [True, True, True, True]  # 2 is pinned
     assert _usage(c) == [8, 2]
-    c = pc.evict(c, jnp.int32(3))  # needs two chunks: 1, then 3
-    np.testing.assert_array_equal(pc.present(c), [True, False, True, False])
+    c = pc.evict(c, jnp.int32(3), BS, 8)  # needs two chunks: 1, then 3
+    assert _present(c) == [True, False, True, False]
     assert _usage(c) == [4, 2]
-    c = pc.evict(c, jnp.int32(100))  # everything evictable goes; the pinned chunk stays
-    np.testing.assert_array_equal(pc.present(c), [False, False, True, False])
+    c = pc.evict(c, jnp.int32(100), BS, 8)  # everything evictable goes; the pinned chunk stays
+    assert _present(c) == [False, False, True, False]
     assert _usage(c) == [2, 2]
 
 
 def test_a_hit_re_pins_and_a_shared_chunk_is_released_once_free() -> None:
     """A chunk two requests pin is released (evictable) only when both have let go; pinned by
     both in one change, it counts once in the node's totals."""
-    c = pc.add_refs(_empty(), _chunks([0, 0]), jnp.ones(2, bool))
+    c = pc.add_refs(_empty(), _chunks([0, 0]), jnp.ones(2, bool))[0]
     assert _usage(c) == [2, 2]
     c = _release(c, [0])
-    c = pc.evict(c, jnp.int32(100))
-    assert bool(pc.present(c)[0]) and _usage(c) == [2, 2]  # still pinned by the other request
+    c = pc.evict(c, jnp.int32(100), BS, 8)
+    assert _present(c)[0] and _usage(c) == [2, 2]  # still pinned by the other request
     c = _release(c, [0])
     assert _usage(c) == [2, 0]
-    c = pc.evict(c, jnp.int32(1))
-    assert not bool(pc.present(c)[0]) and _usage(c) == [0, 0]
-    c = pc.add_refs(c, _chunks([[0, 1], [0, 2]]), jnp.ones((2, 2), bool))  # a shared hit
+    c = pc.evict(c, jnp.int32(1), BS, 8)
+    assert not _present(c)[0] and _usage(c) == [0, 0]
+    c = pc.add_refs(c, _chunks([[0, 1], [0, 2]]), jnp.ones((2, 2), bool))[0]  # a shared hit
     assert _usage(c) == [6, 6]
     c = _release(c, [0, 1, 0, 2])  # both requests let go in one event: chunk 0 freed once
     assert _usage(c) == [6, 0]
+
+
+def test_entry_limit_evicts_least_recently_released_and_flags_a_pinned_overflow() -> None:
+    """Past `max_entries` chunks, the least recently released go first even with blocks to
+    spare; with every chunk pinned the cache is `full` (the core's ERROR_CACHE_FULL)."""
+    c = pc.add_refs(_empty(), _chunks([0, 1, 2]), jnp.ones(3, bool))[0]
+    c = _release(c, [2, 0, 1])
+    c = pc.evict(c, jnp.int32(0), BS, 2)  # no blocks needed, one chunk too many: 2 goes
+    assert _present(c) == [True, True, False, False] and not bool(c.full)
+    c = pc.add_refs(c, _chunks([0, 1, 3]), jnp.ones(3, bool))[0]
+    c = pc.evict(c, jnp.int32(0), BS, 2)
+    assert _present(c) == [True, True, False, True] and bool(c.full)
+    assert _usage(c) == [6, 6]
+
+
+def test_memory_does_not_grow_with_the_ids_of_an_episode() -> None:
+    """The table's size follows the chunks a node can hold: a thousand distinct ids pass through
+    a cache of eight entries without a rebuild losing a held chunk."""
+    c = _empty()
+    for k in range(0, 1000, 4):
+        ids = list(range(k, k + 4))
+        c = pc.add_refs(c, _chunks(ids), jnp.ones(4, bool))[0]
+        c = _release(c, ids)
+        c = pc.evict(c, jnp.int32(0), BS, 8)
+        assert int(c.entries) == min(k + 4, 8) and not bool(c.full)
+    assert np.asarray(pc.present_at(c, jnp.arange(992, 1000, dtype=jnp.int32))).all()
+    assert c.table.key.shape == (32,)
+    _usage(c)
 
 
 def _closed_form_hits(ids: np.ndarray, end: np.ndarray, prompt: np.ndarray, block: int) -> np.ndarray:
@@ -112,8 +149,9 @@ def _check_closed_form(name: str, settings: dict) -> float:
     assert (tr["error"] == 0).all() and not np.asarray(st.log.dropped).any()
     req = st0.requests
     ids = np.asarray(req.chunk_ids)[:e]
-    sizes = np.asarray(req.chunk_tokens)
-    end = np.cumsum(np.where(ids >= 0, sizes[np.maximum(ids, 0)], 0), axis=1)
+    start = np.arange(ids.shape[1])[None, :] * cfg.chunk_tokens
+    size = np.clip(np.asarray(req.id_tokens)[:e, None] - start, 0, cfg.chunk_tokens)
+    end = np.cumsum(np.where(ids >= 0, size, 0), axis=1)
     prompt = np.asarray(req.prompt)[:e]
     want = _closed_form_hits(ids, end, prompt, int(params.nodes.block_size[0]))
     np.testing.assert_array_equal(np.asarray(st.log.hit_tokens), want)

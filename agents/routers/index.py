@@ -170,5 +170,5 @@ def record(index: RouterIndex, spec: IndexSpec, view: RouterView, node: jax.Arra
     tokens, last, holders = t.payload
     t = t._replace(payload=(tokens, last.at[at].set(now, mode="drop"), holders.at[at].set(bits, mode="drop")))
     limit = view.kv_tokens[node].astype(jnp.float32) if spec.kv_limited else jnp.float32(spec.token_limit)
-    t = _evict(t, spec, limit, now)
+    t = ct.tidy(_evict(t, spec, limit, now))  # rebuilt past the table's load limit
     return RouterIndex(jax.tree.map(lambda all_, one: all_.at[which].set(one), index.tables, t))

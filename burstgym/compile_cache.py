@@ -1,0 +1,70 @@
+"""JAX's persistent compilation cache, on by default, so a configuration compiles once per machine.
+
+Compiling an episode of the JAX core takes tens of seconds on a CPU; with the cache on, a second
+process (another `train.py` or `evaluate.py` run, a test worker) loads the compiled program
+instead. `import burstgym` calls `enable()`, which points JAX at a cache folder unless the user
+chose otherwise:
+
+- `BURSTGYM_JAX_CACHE=/some/folder` moves the cache there; `BURSTGYM_JAX_CACHE=off` (or 0, false,
+  no, none) leaves JAX as it is: burstgym turns nothing on;
+- a cache folder already given to JAX (`JAX_COMPILATION_CACHE_DIR`, or
+  `jax.config.update("jax_compilation_cache_dir", ...)`) is left as it is;
+- otherwise the folder is `$XDG_CACHE_HOME/burstgym/jax` (default `~/.cache/burstgym/jax`).
+
+Programs that compile in under `MIN_COMPILE_SECONDS` are not written (unless
+`JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS` says otherwise). JAX keys each entry by the program,
+the JAX and XLA versions, the compile options and the device, so a stale entry is never used; the
+folder can be deleted at any time. See JAX's "Persistent compilation cache"
+(https://docs.jax.dev/en/latest/persistent_compilation_cache.html).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+ENV = "BURSTGYM_JAX_CACHE"
+OFF = ("off", "0", "false", "no", "none")
+# Programs compiled faster than this are not written (JAX's default is 1 s): the core's episodes
+# and steps take far longer, its small helpers far less.
+MIN_COMPILE_SECONDS = 0.5
+
+
+def default_dir() -> Path:
+    """`$XDG_CACHE_HOME/burstgym/jax`, or `~/.cache/burstgym/jax`."""
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "burstgym" / "jax"
+
+
+def enable(path: str | os.PathLike | None = None) -> Path | None:
+    """Turn JAX's persistent compilation cache on in `path` (default: `BURSTGYM_JAX_CACHE`, else a
+    folder JAX was already given, else `default_dir()`); returns the folder JAX will use, or None
+    when `BURSTGYM_JAX_CACHE` (or `path`) says off. Works before or after `jax` is imported, as long
+    as nothing has been compiled yet (JAX reads the setting at its first compilation)."""
+    setting = str(path) if path is not None else os.environ.get(ENV)
+    if setting is not None and setting.strip().lower() in OFF:
+        return None
+    chosen = _jax_dir()
+    if not setting and chosen:
+        return Path(chosen)
+    folder = Path(setting).expanduser() if setting else default_dir()
+    min_seconds = float(os.environ.get("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", MIN_COMPILE_SECONDS))
+    if "jax" in sys.modules:
+        import jax
+
+        jax.config.update("jax_compilation_cache_dir", str(folder))
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", min_seconds)
+    else:  # read by JAX when it is imported (and inherited by child processes)
+        os.environ["JAX_COMPILATION_CACHE_DIR"] = str(folder)
+        os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = str(min_seconds)
+    return folder
+
+
+def _jax_dir() -> str | None:
+    """The cache folder JAX was given already (environment or config), if any."""
+    if "jax" in sys.modules:
+        import jax
+
+        return jax.config.jax_compilation_cache_dir or None
+    return os.environ.get("JAX_COMPILATION_CACHE_DIR") or None

@@ -1,0 +1,77 @@
+"""The persistent compilation cache that `import burstgym` turns on (burstgym.compile_cache): on by
+default in the user's cache folder, moved or switched off by BURSTGYM_JAX_CACHE, a folder given to
+JAX left alone, and a second process loading what the first compiled. Each case runs in a fresh
+Python process, since JAX reads the setting at its first compilation."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+PROGRAM = textwrap.dedent(
+    """
+    import json, sys
+    import jax, jax.numpy as jnp
+    hits = []
+    jax.monitoring.register_event_listener(
+        lambda name, **kw: hits.append(name) if name == "/jax/compilation_cache/cache_hits" else None
+    )
+    import burstgym
+    from burstgym import compile_cache
+    folder = compile_cache.enable()  # what import burstgym did, returned again
+    jax.jit(lambda x: jnp.cumsum(x * 3.0) - 1.0)(jnp.arange(64.0)).block_until_ready()
+    print(json.dumps({"folder": None if folder is None else str(folder),
+                      "jax_dir": jax.config.jax_compilation_cache_dir or None, "hits": len(hits)}))
+    """
+)
+
+
+def _run(tmp_path: Path, **env: str) -> dict:
+    """Run PROGRAM with `env` over a clean environment (no cache setting of the test run)."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "BURSTGYM_JAX"))}
+    base.update(XDG_CACHE_HOME=str(tmp_path / "xdg"), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+                JAX_PLATFORMS="cpu", **env)
+    out = subprocess.run([sys.executable, "-c", PROGRAM], env=base, capture_output=True, text=True,
+                         timeout=300, check=False)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _files(folder: Path) -> list[Path]:
+    return [p for p in folder.rglob("*") if p.is_file()] if folder.exists() else []
+
+
+def test_on_by_default_in_the_user_cache_folder_and_reused_by_a_second_process(tmp_path) -> None:
+    folder = tmp_path / "xdg" / "burstgym" / "jax"
+    first = _run(tmp_path)
+    assert first == {"folder": str(folder), "jax_dir": str(folder), "hits": 0}
+    assert _files(folder), "nothing was written to the cache folder"
+    second = _run(tmp_path)
+    assert second["hits"] >= 1  # the second process loaded the program instead of compiling it
+
+
+def test_moved_by_the_environment_variable(tmp_path) -> None:
+    moved = tmp_path / "elsewhere"
+    out = _run(tmp_path, BURSTGYM_JAX_CACHE=str(moved))
+    assert out["folder"] == out["jax_dir"] == str(moved)
+    assert _files(moved) and not _files(tmp_path / "xdg")
+
+
+@pytest.mark.parametrize("off", ["off", "0", "OFF"])
+def test_switched_off_writes_nothing(tmp_path, off) -> None:
+    out = _run(tmp_path, BURSTGYM_JAX_CACHE=off)
+    assert out == {"folder": None, "jax_dir": None, "hits": 0}
+    assert not _files(tmp_path)
+
+
+def test_a_folder_given_to_jax_is_left_as_it_is(tmp_path) -> None:
+    mine = tmp_path / "jax-own"
+    out = _run(tmp_path, JAX_COMPILATION_CACHE_DIR=str(mine))
+    assert out["folder"] == out["jax_dir"] == str(mine)
+    assert _files(mine) and not _files(tmp_path / "xdg")

@@ -1,0 +1,51 @@
+"""Memory of the JAX rollout: the vmapped group size fitted to a memory budget from the compiled
+program's own analysis (`burstgym.rollout.fit_chunk`)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from burstgym.rollout import fit_chunk
+
+
+def _fake_compiler(resident: int, per_cluster: int):
+    """`compile_at` whose program needs `resident + k * per_cluster` bytes, recording each k."""
+    asked: list[int] = []
+
+    def compile_at(k: int):
+        asked.append(k)
+        stats = SimpleNamespace(
+            argument_size_in_bytes=resident,
+            output_size_in_bytes=k * per_cluster // 2,
+            temp_size_in_bytes=k * per_cluster - k * per_cluster // 2,
+            alias_size_in_bytes=0,
+        )
+        return SimpleNamespace(memory_analysis=lambda: stats), 1.0
+
+    return compile_at, asked
+
+
+def test_fit_chunk_takes_all_at_once_when_it_fits() -> None:
+    compile_at, asked = _fake_compiler(resident=1000, per_cluster=10)
+    k, _, seconds = fit_chunk(64, compile_at, budget=1000 + 64 * 10, resident=1000)
+    assert (k, asked, seconds) == (64, [64], 1.0)
+
+
+def test_fit_chunk_shrinks_to_the_largest_divisor_that_fits() -> None:
+    """The first analysis predicts the size (need linear in k): 64 clusters at 100 bytes each over
+    1,000 resident, budget 3,500: 25 would fit, the largest divisor of 64 below it is 16."""
+    compile_at, asked = _fake_compiler(resident=1000, per_cluster=100)
+    k, compiled, seconds = fit_chunk(64, compile_at, budget=3500, resident=1000)
+    assert k == 16 and asked == [64, 16] and seconds == 2.0
+    assert compiled.memory_analysis().temp_size_in_bytes + 1000 + 800 <= 3500
+
+
+def test_fit_chunk_at_most_halves_and_stops_at_one() -> None:
+    """A prediction that overshoots (need not linear in k beyond what is resident) moves at most
+    to half the last size; when nothing fits, the answer is 1."""
+    compile_at, asked = _fake_compiler(resident=5000, per_cluster=10)
+    k, _, _ = fit_chunk(64, compile_at, budget=5200, resident=10)  # 5,000 fixed, told 10
+    assert k == 16 and asked == [64, 32, 16]
+    compile_at, asked = _fake_compiler(resident=10**6, per_cluster=1)
+    k, _, seconds = fit_chunk(12, compile_at, budget=100, resident=10)
+    assert k == 1 and asked == [12, 1] and seconds == 2.0
