@@ -15,9 +15,13 @@ policy: `agents.jax_ppo.JaxPolicyRouter`) is called `act(state, view, mask, obs,
 cluster's observation vector (`burstgym.observation.observe`, as the environment returns it) and
 the pytree its `weights()` returns. Weights are an argument of the compiled episode, not constants
 in it: a router hashes by its structure, so policies of one shape share one compilation whatever
-their weights (a training run's held-out evaluations compile once). Several routers in one call
-share the scan (a `lax.switch` on each cluster's router index), so their states must have one
-structure.
+their weights (a training run's held-out evaluations compile once). A router whose `reads_state`
+attribute is true (a bound that simulates the cluster forward: `agents.lookahead.Lookahead`) is
+called `act(state, view, mask, cluster_state, params)` with the cluster's whole `State` and its
+parameters. Several routers in one call share the scan (a `lax.switch` on each cluster's router
+index), so their states must have one structure. A chunk of one cluster (the CPU default) calls
+the router on it directly rather than through `vmap`, so that switch, and any switch inside a
+router (a forked simulation's slot width), runs one branch instead of selecting among all.
 
 Two jitted calls, compiled ahead of time so compile time is reported apart from run time: the
 reset (compiled per configuration) and the episode (reset state in, final state out), which is
@@ -155,6 +159,19 @@ def chunk_size(n_clusters: int, target: int) -> int:
     return max(d for d in range(1, target + 1) if n_clusters % d == 0)
 
 
+def _per_cluster(f, n_clusters: int):
+    """`jax.vmap(f)` over a chunk's leading cluster axis; a chunk of one cluster calls `f` directly
+    (see the module docstring: a switch under `vmap` with a batched index runs every branch)."""
+    if n_clusters != 1:
+        return jax.vmap(f)
+
+    def one(*args):
+        out = f(*jax.tree.map(lambda x: x[0], args))
+        return jax.tree.map(lambda x: x[None], out)
+
+    return one
+
+
 def _episode_fn(cfg: EnvConfig, routers: tuple[Any, ...], chunk: int | None):
     """(states, router index, router seeds, streams, params, router weights) -> outputs, for one
     shard of clusters (params per cluster), `chunk` clusters vmapped at a time (None: all)."""
@@ -166,6 +183,7 @@ def _episode_fn(cfg: EnvConfig, routers: tuple[Any, ...], chunk: int | None):
 
     inits = [functools.partial(r.init, n) for r in routers]
     observers = [bool(getattr(r, "observes", False)) for r in routers]
+    readers = [bool(getattr(r, "reads_state", False)) for r in routers]
 
     def run(states, ridx, rseed, stream, params, weights):
         rstates = jax.vmap(lambda i, s, t: choose(inits, i, s, t))(ridx, rseed, stream)
@@ -176,8 +194,10 @@ def _episode_fn(cfg: EnvConfig, routers: tuple[Any, ...], chunk: int | None):
         def act_fn(i: int):
             r, w = routers[i], weights[i]
             if observers[i]:
-                return lambda s, v, m, o: r.act(s, v, m, o, w)
-            return lambda s, v, m, o: r.act(s, v, m)
+                return lambda s, v, m, o, cs, p: r.act(s, v, m, o, w)
+            if readers[i]:
+                return lambda s, v, m, o, cs, p: r.act(s, v, m, cs, p)
+            return lambda s, v, m, o, cs, p: r.act(s, v, m)
 
         acts = [act_fn(i) for i in range(len(routers))]
 
@@ -186,8 +206,8 @@ def _episode_fn(cfg: EnvConfig, routers: tuple[Any, ...], chunk: int | None):
             views = view_of(states, params)
             masks = jax.vmap(action_mask)(views)
             obs = obs_of(views, params) if any(observers) else jnp.zeros((c, 0), jnp.float32)
-            pick = jax.vmap(lambda i, s, v, m, o: choose(acts, i, s, v, m, o))
-            actions, rstates = pick(ridx, rstates, views, masks, obs)
+            pick = _per_cluster(lambda i, s, v, m, o, cs, p: choose(acts, i, s, v, m, o, cs, p), c)
+            actions, rstates = pick(ridx, rstates, views, masks, obs, states, params)
             _, states, reward, _, info = step_clusters(core, states, actions, params)
             err = info["error"]
             new = (err != 0) & (first_k == e)
