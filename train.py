@@ -36,7 +36,6 @@ from stable_baselines3.common.callbacks import BaseCallback, CallbackList, Check
 from stable_baselines3.common.logger import TensorBoardOutputFormat  # noqa: E402
 
 from agents.cli import parse_settings  # noqa: E402
-from agents.heuristics import RoundRobin  # noqa: E402
 from agents.hyperparams import conf_file, load, normalize_kwargs  # noqa: E402
 from agents.learners import (  # noqa: E402
     ALGOS,
@@ -142,7 +141,7 @@ class HeldOut:
 
     def __init__(self, scenario: str, settings: dict[str, Any], n_seeds: int):
         self.rollout = Rollout(scenario, **settings)
-        self.baseline = RoundRobin(self.rollout.cfg.n_nodes)
+        self.baseline = make_router("round-robin", self.rollout.cfg.n_nodes)
         self.seeds = list(range(EVAL_SEED_BASE, EVAL_SEED_BASE + n_seeds))
 
     def run(self, learned: dict[str, Any]) -> dict[str, float]:
@@ -443,7 +442,7 @@ def train_jax(
     from tqdm import tqdm
 
     from agents.jax_ppo import JaxPPO, PPOConfig
-    from agents.jax_routers import make_jax_router
+    from agents.routers import make_rule
 
     cfg, params = scenarios.make(scenario, **settings)
     ppo = PPOConfig.from_entry(entry, str(conf))
@@ -454,7 +453,7 @@ def train_jax(
     writer = SummaryWriter(str(run_dir / "tb" / f"{args.algo or 'jax-ppo'}_1"))
     writer.add_custom_scalars(LAYOUT)
     if args.bc_teacher != "none":
-        bc = learner.warm_start(make_jax_router(args.bc_teacher), args.bc_steps, BC_EPOCHS, BC_BATCH)
+        bc = learner.warm_start(make_rule(args.bc_teacher), args.bc_steps, BC_EPOCHS, BC_BATCH)
         writer.add_scalar("bc/agreement", bc["agreement"], 0)
         writer.add_scalar("bc/value_explained_variance", bc["value_explained_variance"], 0)
         print(

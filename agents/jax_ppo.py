@@ -22,7 +22,7 @@ rl-zoo3 hyperparameter file (`agents/hyperparams.yml`):
   of the final observation is added (discounted) to the last reward, as SB3 does;
 - staggered first episodes (lengths uniform in 1..episode_length), as `JaxVecEnv(stagger=True)`;
 - a behaviour-cloning warm start of actor and critic on a heuristic's rollouts (its JAX twin,
-  `agents.jax_routers`), as `agents.learners.behaviour_clone`.
+  `agents.routers`), as `agents.learners.behaviour_clone`.
 
 The clusters step as the vector env steps them (`burstgym.gym_env.batched_step_fn`: one after
 another on CPU, vmapped on an accelerator); the network is vmapped over all clusters.
@@ -48,7 +48,7 @@ import numpy as np
 import optax
 from flax.training.train_state import TrainState
 
-from agents.jax_routers import RouterState
+from agents.routers.base import RuleState
 from burstgym import cluster
 from burstgym.env import BurstBalance
 from burstgym.gym_env import batched_step_fn, check_error
@@ -486,7 +486,7 @@ class JaxPPO:
         self, teacher: Any, steps: int, epochs: int, batch_size: int, lr: float = 1e-3
     ) -> dict[str, float]:
         """Behaviour cloning as `agents.learners.behaviour_clone`: `teacher` (a JAX router,
-        `agents.jax_routers`) routes the training clusters for `steps` decisions; the observation
+        `agents.routers`) routes the training clusters for `steps` decisions; the observation
         statistics take in its observations; then `epochs` passes of minibatches of `batch_size`
         fit the actor (cross-entropy on the teacher's actions) and the critic (squared error to
         the discounted returns, bootstrapped from the critic where the data stop, recomputed each
@@ -626,7 +626,7 @@ class JaxPolicyRouter:
     (`fold_in(key(seed), episode seed)`), from one key per call here: same distribution, other draws.
     """
 
-    balancing = False
+    family = "learned"
     observes = True  # burstgym.rollout passes the observation and `weights()` to `act`
 
     def __init__(
@@ -702,16 +702,16 @@ class JaxPolicyRouter:
         """The arrays `act` reads: network parameters and observation statistics."""
         return self.params, self.stats
 
-    def init(self, n_nodes: int, seed: Any = None, stream: Any = 0) -> RouterState:
-        """A fresh episode's state (`agents.jax_routers.RouterState`, as every JAX router's)."""
+    def init(self, n_nodes: int, seed: Any = None, stream: Any = 0) -> RuleState:
+        """A fresh episode's state (`agents.routers.base.RuleState`: the sampling key)."""
         seed = self.seed if seed is None else seed
         key = jax.random.key(jnp.asarray(seed, jnp.uint32))
         key = jax.random.fold_in(key, jnp.asarray(stream, jnp.uint32))
-        return RouterState(jnp.int32(0), jax.random.key_data(key), jnp.zeros(n_nodes, jnp.int32))
+        return RuleState(jnp.int32(0), jax.random.key_data(key), ())
 
     def act(
-        self, state: RouterState, view: Any, mask: jax.Array, obs: jax.Array, weights: tuple[Any, Any]
-    ) -> tuple[jax.Array, RouterState]:
+        self, state: RuleState, view: Any, mask: jax.Array, obs: jax.Array, weights: tuple[Any, Any]
+    ) -> tuple[jax.Array, RuleState]:
         """The node for one cluster's observation `obs` [D] under `weights` (`mask` and `view` are
         not used, as in `__call__`)."""
         params, stats = weights
@@ -726,7 +726,7 @@ class JaxPolicyRouter:
         return action.astype(jnp.int32), state._replace(counter=state.counter + 1)
 
     def jax_router(self) -> JaxPolicyRouter:
-        """Itself: it already runs in the JAX rollout engine (`agents.jax_routers.twin`)."""
+        """Itself: it already runs in the JAX rollout engine (`agents.rollout.jax_rule`)."""
         return self
 
     def reset(self, n_envs: int) -> None:

@@ -185,7 +185,7 @@ class PolicyRouter:
         router picklable.
     """
 
-    balancing = False
+    family = "learned"
 
     def __init__(
         self,

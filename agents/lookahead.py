@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 import jax
 import jax.numpy as jnp
 
-from agents.jax_routers import RouterState, argmin
+from agents.routers.base import RuleState, argmin, rotation
 from burstgym.cluster import tree_where
 from burstgym.env import BurstBalance
 from burstgym.observation import RouterView, action_mask
@@ -85,7 +85,6 @@ class Lookahead:
     name: str = "lookahead"
     seed: int = 0
     family: ClassVar[str] = "bound"
-    balancing: ClassVar[bool] = False
     reads_state: ClassVar[bool] = True  # burstgym.rollout passes the cluster's State and parameters
     deployable: ClassVar[bool] = False  # it reads the requests' output lengths
 
@@ -101,21 +100,22 @@ class Lookahead:
         """The core that simulates the forks (the configuration's, draining at the episode's end)."""
         return BurstBalance(self.cfg)
 
-    def init(self, n_nodes: int, seed: Any = None, stream: Any = 0) -> RouterState:
-        """A fresh episode's state (`agents.jax_routers.RouterState`; only the counter is used)."""
+    def init(self, n_nodes: int, seed: Any = None, stream: Any = 0) -> RuleState:
+        """A fresh episode's state (`agents.routers.base.RuleState`; the counter rotates ties)."""
         seed = self.seed if seed is None else seed
         key = jax.random.key(jnp.asarray(seed, jnp.uint32))
         key = jax.random.fold_in(key, jnp.asarray(stream, jnp.uint32))
-        return RouterState(jnp.int32(0), jax.random.key_data(key), jnp.zeros(n_nodes, jnp.int32))
+        return RuleState(jnp.int32(0), jax.random.key_data(key), ())
 
     def costs(self, cluster_state: State, params: EnvParams) -> jax.Array:
         """[N] each candidate node's forked cost (`forked_costs`)."""
         return forked_costs(self.core, cluster_state, params, self.horizon, self.base)
 
     def act(
-        self, state: RouterState, view: RouterView, mask: jax.Array, cluster_state: State, params: EnvParams
-    ) -> tuple[jax.Array, RouterState]:
+        self, state: RuleState, view: RouterView, mask: jax.Array, cluster_state: State, params: EnvParams
+    ) -> tuple[jax.Array, RuleState]:
         """The allowed node whose fork costs least ([] int32); exact ties rotate with the counter."""
         cost = self.costs(cluster_state, params)
-        action = argmin(cost, jnp.asarray(mask, bool), state.counter)
+        mask = jnp.asarray(mask, bool)
+        action = argmin(cost, mask, order=rotation(state.counter, mask.shape[0]))
         return action.astype(jnp.int32), state._replace(counter=state.counter + 1)

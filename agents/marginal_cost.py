@@ -57,7 +57,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from agents.jax_routers import RouterState, argmin
+from agents.routers.base import RuleState, argmin, rotation
 from burstgym import capacity
 from burstgym.latency import LatencyModel, step_time
 from burstgym.observation import RouterView
@@ -299,9 +299,9 @@ def estimate(
 class MarginalCost:
     """The `marginal-cost` router for one scenario's nodes and workload (`for_scenario`).
 
-    A JAX router of the rollout engine (`init`, `act` over one cluster's view), with the state of
-    every other JAX router (`agents.jax_routers.RouterState`), so it shares an episode's compiled
-    scan with them. Hashes by its configuration's content."""
+    A router of the rollout engine (`burstgym.routing`: `init`, `act` over one cluster's view; its
+    batched NumPy face is `agents.routers.BatchedRouter(router, n_nodes)`). Hashes by its
+    configuration's content."""
 
     nodes: NodeModel
     lengths: LengthStats
@@ -311,7 +311,6 @@ class MarginalCost:
     name: str = "marginal-cost"
     seed: int = 0
     family: ClassVar[str] = "model-based"
-    balancing: ClassVar[bool] = False
 
     @classmethod
     def for_scenario(cls, cfg: EnvConfig, params: EnvParams, **kwargs: Any) -> MarginalCost:
@@ -347,21 +346,22 @@ class MarginalCost:
         """A copy with `changes` (dataclasses.replace)."""
         return dataclasses.replace(self, **changes)
 
-    def init(self, n_nodes: int, seed: Any = None, stream: Any = 0) -> RouterState:
-        """A fresh episode's state (`agents.jax_routers.RouterState`; only the counter is used)."""
+    def init(self, n_nodes: int, seed: Any = None, stream: Any = 0) -> RuleState:
+        """A fresh episode's state (`agents.routers.base.RuleState`; the counter rotates ties)."""
         seed = self.seed if seed is None else seed
         key = jax.random.fold_in(
             jax.random.key(jnp.asarray(seed, jnp.uint32)), jnp.asarray(stream, jnp.uint32)
         )
-        return RouterState(jnp.int32(0), jax.random.key_data(key), jnp.zeros(n_nodes, jnp.int32))
+        return RuleState(jnp.int32(0), jax.random.key_data(key), ())
 
     def estimate(self, view: RouterView) -> Estimate:
         """`estimate` with this router's configuration."""
         arrays = jax.tree.map(jnp.asarray, (self.nodes, self.lengths, self.weights))
         return estimate(view, *arrays, scheduler=self.scheduler, padding=self.padding)
 
-    def act(self, state: RouterState, view: RouterView, mask: jax.Array) -> tuple[jax.Array, RouterState]:
+    def act(self, state: RuleState, view: RouterView, mask: jax.Array) -> tuple[jax.Array, RuleState]:
         """The allowed node of least predicted cost ([] int32); exact ties rotate with the counter."""
         cost = self.estimate(view).cost
-        action = argmin(cost, jnp.asarray(mask, bool), state.counter)
+        mask = jnp.asarray(mask, bool)
+        action = argmin(cost, mask, order=rotation(state.counter, mask.shape[0]))
         return action.astype(jnp.int32), state._replace(counter=state.counter + 1)

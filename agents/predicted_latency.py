@@ -57,6 +57,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from agents.routers.base import CACHE_VIEWS
+from agents.routers.index import empty as empty_index
+from agents.routers.index import matched as index_matched
+from agents.routers.index import record
+from agents.routers.llm_d import LLMD
 from burstgym.env import BurstBalance
 from burstgym.observation import RouterView
 from burstgym.types import DONE, RUNNING, EnvConfig, EnvParams, State
@@ -220,11 +225,11 @@ class PLState(NamedTuple):
 
     counter: jax.Array  # [] int32, decisions made this episode
     key: jax.Array  # [2] uint32, raw PRNG key data (exploration, the weighted random picker)
-    clock: jax.Array  # [] float, seconds since the episode's first arrival
     last_train: jax.Array  # [] float, clock of the last training (-inf: never)
     node: jax.Array  # [E] int32, node each request went to (-1: not yet routed)
     samples: Samples  # [E] the episode's requests: features at dispatch, latencies as observed
     models: Models
+    index: Any  # the approximate prefix index of the prompts it routed (agents.routers.index; () unused)
 
 
 def labels(s: Samples, streaming: bool) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
@@ -297,15 +302,15 @@ def affinity_filter(
     max_penalty_s: float,
 ) -> jax.Array:
     """llm-d's prefix-cache affinity filter: the candidates whose prefix score reaches `threshold`,
-    unless there are none, the exploration draw `explore` (uniform) falls below `epsilon`, or the
-    best such node's predicted TTFT exceeds the best candidate's by more than `max_penalty_s`."""
+    unless at most one candidate is left, the exploration draw `explore` (uniform) falls below
+    `epsilon`, none is sticky, or the best sticky node's predicted TTFT exceeds the best other
+    candidate's by more than `max_penalty_s` (0: never broken)."""
     sticky = candidates & (prefix >= threshold)
-    valid = ttft > 0
-    best_all = jnp.min(jnp.where(candidates & valid, ttft, jnp.inf))
-    best_sticky = jnp.min(jnp.where(sticky & valid, ttft, jnp.inf))
-    gate_broken = (max_penalty_s > 0) & jnp.isfinite(best_all) & jnp.isfinite(best_sticky)
-    gate_broken = gate_broken & (best_sticky - best_all > max_penalty_s)
-    keep = sticky.any() & (explore >= epsilon) & ~gate_broken
+    others = candidates & ~sticky
+    best_sticky = jnp.min(jnp.where(sticky, ttft, jnp.inf))
+    best_other = jnp.min(jnp.where(others, ttft, jnp.inf))
+    broken = (max_penalty_s > 0) & others.any() & (best_sticky - best_other > max_penalty_s)
+    keep = (candidates.sum() > 1) & (explore >= epsilon) & sticky.any() & ~broken
     return jnp.where(keep, sticky, candidates)
 
 
@@ -375,12 +380,15 @@ class PredictedLatency:
 
     `slo`: (TTFT s, TPOT s) targets sent with every request (None: no SLO headers, llm-d's default);
     `streaming`: train TTFT and TPOT models (True) or one end-to-end model (llm-d's non-streaming
-    mode); `warm`: samples the predictor was trained on before the episode."""
+    mode); `warm`: samples the predictor was trained on before the episode; `cache_view`: the prefix
+    scores from the index of the prompts it routed ("router", llm-d's approximate prefix producer,
+    the index of `agents.routers.llm_d.LLMD`) or from the engines' caches ("engine")."""
 
     episode_length: int
     slo: tuple[float, float] | None = None
     streaming: bool = True
     warm: Samples = dataclasses.field(default_factory=empty_samples)
+    cache_view: str = "router"
     retrain_interval_s: float = 10.0
     min_samples: int = 10
     ensemble_min: int = 200
@@ -393,12 +401,13 @@ class PredictedLatency:
     name: str = "predicted-latency"
     seed: int = 0
     family: ClassVar[str] = "learned"
-    balancing: ClassVar[bool] = False
     reads_state: ClassVar[bool] = True  # burstgym.rollout passes the cluster's State (for `streamed`)
 
     def __post_init__(self) -> None:
         if self.strategy not in ("least", "most"):
             raise ValueError(f"predicted-latency strategy must be 'least' or 'most', got {self.strategy!r}")
+        if self.cache_view not in CACHE_VIEWS:
+            raise ValueError(f"cache_view must be one of {', '.join(CACHE_VIEWS)}, got {self.cache_view!r}")
         if self.episode_length < 1:
             raise ValueError(f"episode_length must be >= 1, got {self.episode_length}")
         object.__setattr__(self, "warm", Samples(*(np.asarray(x, np.float32) for x in self.warm)))
@@ -435,9 +444,8 @@ class PredictedLatency:
     def init(self, n_nodes: int, seed: Any = None, stream: Any = 0) -> PLState:
         """A fresh episode's state: the warm samples' models, or llm-d's default model without any."""
         seed = self.seed if seed is None else seed
-        key = jax.random.fold_in(
-            jax.random.key(jnp.asarray(seed, jnp.uint32)), jnp.asarray(stream, jnp.uint32)
-        )
+        key = jax.random.key(jnp.asarray(seed, jnp.uint32))
+        key = jax.random.fold_in(key, jnp.asarray(stream, jnp.uint32))
         e = self.episode_length
         models = default_models()
         if self.warm.ttft.shape[0]:
@@ -447,11 +455,11 @@ class PredictedLatency:
         return PLState(
             counter=jnp.int32(0),
             key=jax.random.key_data(key),
-            clock=jnp.float32(0.0),
             last_train=jnp.float32(-jnp.inf),
             node=jnp.full(e, -1, jnp.int32),
             samples=empty_samples(e),
             models=models,
+            index=empty_index(LLMD.index, n_nodes) if self.cache_view == "router" else (),
         )
 
     def observe(self, state: PLState, seen: Streamed) -> PLState:
@@ -481,11 +489,17 @@ class PredictedLatency:
     def act(
         self, state: PLState, view: RouterView, mask: jax.Array, cluster_state: State, params: EnvParams
     ) -> tuple[jax.Array, PLState]:
+        """`act_streamed` on the streams of the cluster's requests (`streamed`): all it reads of the
+        cluster's state."""
+        return self.act_streamed(state, view, mask, streamed(cluster_state))
+
+    def act_streamed(
+        self, state: PLState, view: RouterView, mask: jax.Array, seen: Streamed
+    ) -> tuple[jax.Array, PLState]:
         """Observe the streams, retrain when due, predict every node's latency, pick (module docstring)."""
         n = view.running.shape[0]
-        seen = streamed(cluster_state)
         state = self.observe(state, seen)
-        clock = state.clock + view.since_last
+        clock = jnp.asarray(view.clock, jnp.float32)
         due = clock - state.last_train >= self.retrain_interval_s
         samples = self._pool(state.samples)
         _, ok_first, _, ok_tpot = labels(samples, self.streaming)
@@ -495,23 +509,22 @@ class PredictedLatency:
             lambda: train(samples, self.streaming, self.min_samples, self.ensemble_min, state.models),
             lambda: state.models,
         )
-        state = state._replace(clock=clock, last_train=jnp.where(due, clock, state.last_train), models=models)
+        state = state._replace(last_train=jnp.where(due, clock, state.last_train), models=models)
 
         dispatched, prefill = self.in_flight(state, seen, n)
         prompt = view.prompt
         block = jnp.maximum(view.block_size, 1).astype(prompt.dtype)
-        prefix = jnp.floor(view.hit_tokens / block) / jnp.maximum(jnp.ceil(prompt / block), 1.0)
-        raw = jnp.stack(
-            [
-                view.kv_util,
-                jnp.broadcast_to(prompt, (n,)),
-                view.waiting,
-                view.running,
-                prefill + prompt,
-                prefix,
-            ],
-            axis=1,
-        ).astype(jnp.float32)
+        hit = index_matched(state.index, LLMD.index, view) if self.cache_view == "router" else view.hit_tokens
+        prefix = jnp.floor(hit / block) / jnp.maximum(jnp.ceil(prompt / block), 1.0)
+        columns = {
+            "kv_cache": view.kv_util,
+            "input_tokens": jnp.broadcast_to(prompt, (n,)),
+            "waiting": view.waiting,
+            "running": view.running,
+            "prefill_in_flight": prefill + prompt,
+            "prefix_score": prefix,
+        }
+        raw = jnp.stack([columns[c] for c in RAW], axis=1).astype(jnp.float32)
         first, tpot = predictions(state.models, raw)
         if self.slo is None:
             h_first, h_tpot = -first, -tpot
@@ -521,51 +534,83 @@ class PredictedLatency:
             h_tpot = jnp.zeros_like(h_tpot)
 
         key, k_strict, k_tier, k_loose, k_pick = jax.random.split(jax.random.wrap_key_data(state.key), 5)
-        u = [jax.random.uniform(k) for k in (k_strict, k_tier, k_loose)]
+        u_strict, u_tier, u_loose = (jax.random.uniform(k) for k in (k_strict, k_tier, k_loose))
         cand = jnp.asarray(mask, bool)
+        penalty = self.max_ttft_penalty_s
         cand = affinity_filter(
-            cand, prefix, first, self.strict_threshold, u[0], self.exploration, self.max_ttft_penalty_s
+            cand, prefix, first, self.strict_threshold, u_strict, self.exploration, penalty
         )
         positive = cand & (h_first >= 0) & (h_tpot >= 0)
         split = positive.any() & (cand & ~positive).any()
-        cand = jnp.where(split, jnp.where(u[1] < self.exploration, cand & ~positive, positive), cand)
-        cand = affinity_filter(
-            cand, prefix, first, self.loose_threshold, u[2], self.exploration, self.max_ttft_penalty_s
-        )
+        cand = jnp.where(split, jnp.where(u_tier < self.exploration, cand & ~positive, positive), cand)
+        cand = affinity_filter(cand, prefix, first, self.loose_threshold, u_loose, self.exploration, penalty)
         scores = latency_scores(
             cand, h_first, h_tpot, dispatched, self.headroom_weights, self.strategy == "least"
         )
         action = weighted_random(k_pick, scores, cand)
 
         k = jnp.minimum(view.step, self.episode_length - 1)
+        index = record(state.index, LLMD.index, view, action) if self.cache_view == "router" else state.index
         state = state._replace(
             counter=state.counter + 1,
             key=jax.random.key_data(key),
             node=state.node.at[k].set(action),
             samples=state.samples._replace(features=state.samples.features.at[k].set(raw[action])),
+            index=index,
         )
         return action, state
 
 
-def warm_samples(cfg: EnvConfig, params: EnvParams, batch: Any, seeds: Sequence[int]) -> Samples:
-    """The samples of whole episodes a `PredictedLatency` router ran (`batch`, a
-    `burstgym.rollout.EpisodeBatch` of that router alone on `seeds`): each routed request's features
-    at dispatch (the final router states) with the latencies it had once the episode drained and its
-    output length (the episode's request stream, `BurstBalance.reset` on its seed). What a predictor
-    that ran on that traffic before has seen; dropped requests are left out."""
-    state = batch.router_state
-    features = np.asarray(state.samples.features)
-    node = np.asarray(state.node)
+class StreamedRouter:
+    """A `PredictedLatency` router over a batch of clusters, step by step in NumPy (the face a
+    gateway or a Python user drives): `reset(n_envs)`, then `router(obs, mask, view, seen)` with
+    `view` a batched `RouterView` and `seen` the batched `Streamed` observations of each cluster's
+    requests so far ([B, E] per field; `streamed` of each cluster's state, or a gateway's own record
+    of its response streams). `jit(vmap(rule.act_streamed))`, the rule the engine runs."""
+
+    def __init__(self, rule: PredictedLatency, n_nodes: int):
+        self.rule, self.n_nodes = rule, n_nodes
+        self.name, self.family, self.seed = rule.name, rule.family, rule.seed
+        self._act = jax.jit(jax.vmap(rule.act_streamed))
+        self._init = jax.jit(jax.vmap(lambda s: rule.init(n_nodes, stream=s)))
+        self.reset(1)
+
+    def reset(self, n_envs: int, streams: Any = None) -> None:
+        """Start a fresh batch of `n_envs` episodes, drawing from `streams` ([n_envs] integers)."""
+        streams = np.arange(n_envs) if streams is None else np.asarray(streams)
+        if streams.shape != (n_envs,):
+            raise ValueError(f"{streams.shape[0]} streams for {n_envs} environments")
+        self.n_envs = n_envs
+        self.state = self._init(jnp.asarray(streams, dtype=jnp.uint32))
+
+    def __call__(self, obs: Any, mask: np.ndarray | None, view: RouterView, seen: Streamed) -> np.ndarray:
+        b = np.shape(view.running)[0]
+        if b != self.n_envs:
+            raise ValueError(f"a batch of {b} views for a router reset for {self.n_envs} environments")
+        mask = np.ones((b, self.n_nodes), dtype=bool) if mask is None else np.asarray(mask, dtype=bool)
+        actions, self.state = self._act(self.state, view, mask, seen)
+        return np.asarray(actions).astype(np.int64)
+
+
+def warm_samples(
+    cfg: EnvConfig, params: EnvParams, batch: Any, seeds: Sequence[int], router: int = 0
+) -> Samples:
+    """The samples of whole episodes a `PredictedLatency` router ran: router number `router` of the
+    `burstgym.rollout.EpisodeBatch` `batch` on `seeds`. Each routed request's features at dispatch
+    (its final router state) with the latencies it had once the episode drained and its output
+    length (the episode's request stream, `BurstBalance.reset` on its seed): what a predictor that
+    ran on that traffic before has seen. Dropped requests are left out."""
+    rows = slice(router * len(seeds), (router + 1) * len(seeds))
+    state = jax.tree.map(lambda x: np.asarray(x)[rows], batch.router_state[router])
     core = BurstBalance(cfg)
-    outputs = [
-        np.asarray(core.reset(jax.random.key(int(seed)), params)[1].requests.output[: cfg.episode_length])
-        for seed in seeds
-    ]
-    output = np.stack(outputs).astype(np.float32)
-    seen = (node >= 0) & ~np.asarray(batch.dropped) & np.isfinite(batch.e2e)
+    e = cfg.episode_length
+    output = np.stack(
+        [np.asarray(core.reset(jax.random.key(int(seed)), params)[1].requests.output[:e]) for seed in seeds]
+    ).astype(np.float32)
+    seen = (state.node >= 0) & ~np.asarray(batch.dropped[rows]) & np.isfinite(batch.e2e[rows])
     return Samples(
-        features[seen].astype(np.float32),
-        np.asarray(batch.ttft, np.float32)[seen],
-        np.asarray(batch.e2e, np.float32)[seen],
+        state.samples.features[seen].astype(np.float32),
+        np.asarray(batch.ttft[rows], np.float32)[seen],
+        np.asarray(batch.e2e[rows], np.float32)[seen],
         output[seen],
     )

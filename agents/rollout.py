@@ -7,15 +7,15 @@ and cluster `r * S + s` replays seed `s` under router `r`. One jitted step serve
 configurations that differ only in their workload (load, arrival process), because the step never
 reads the workload; each such configuration only compiles its own (small) reset.
 
-Two engines run the episodes. Routers with a JAX twin (`agents.jax_routers.twin`: every heuristic
-and production router, and the learned node-scoring policies of both learners) run in
-`burstgym.rollout`, whole episodes in one jitted scan; the others (an SB3 policy the JAX network
-does not express, any custom router) are stepped here one arrival at a time, the router called in
-Python on each step's observations. Both paths step the clusters with per-cluster
-parameters (`burstgym.rollout.step_clusters`), so a deterministic router gets bit-identical
-episodes from either (tests/test_jax_rollout.py); `random`, `power-of-two` and `llm-d` draw from
-JAX's PRNG in the JAX engine, from NumPy's generator here. `run(..., engine="numpy")` steps every
-router here.
+Two engines run the episodes. Routers that are JAX rules (`jax_rule`: every router of
+`agents.routers`, given as a rule or as its batched face, and the learned node-scoring policies of
+both learners) run in `burstgym.rollout`, whole episodes in one jitted scan; the others (an SB3
+policy the JAX network does not express, any custom Python router) are stepped here one arrival
+at a time, the router called on each step's observations, mask and views. Both paths step the
+clusters with per-cluster parameters (`burstgym.rollout.step_clusters`), so a rule gets
+bit-identical episodes from either (tests/test_jax_rollout.py) as long as it draws no random
+numbers (the engine folds each episode's seed into a rule's key, the step-by-step face each
+cluster's index). `run(..., engine="numpy")` steps every router here.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 from scipy import stats
 
-from agents.jax_routers import twin
+from agents.routers.base import BatchedRouter
 from burstgym import rollout as jax_rollout
 from burstgym import scenarios
 from burstgym.env import BurstBalance
@@ -61,6 +61,19 @@ class Episodes:
     metrics: dict[str, np.ndarray]  # [S] per metric, [S, N] for load_share
     ttft: np.ndarray  # [S, E] time to first token per request, NaN when dropped or unfinished
     e2e: np.ndarray  # [S, E] end-to-end latency per request, NaN when dropped or unfinished
+
+
+def jax_rule(router: Any) -> Any:
+    """The JAX rule the rollout engine runs for `router` (`burstgym.routing.Router`), or None
+    for a router only Python can call. A router with a `jax_router()` method (the learned
+    policies) gives its own, or None when it cannot be converted."""
+    if callable(getattr(router, "jax_router", None)):
+        return router.jax_router()
+    if isinstance(router, BatchedRouter):
+        return router.rule
+    if callable(getattr(router, "init", None)) and callable(getattr(router, "act", None)):
+        return router
+    return None
 
 
 def _shared_fns(cfg: EnvConfig):
@@ -93,20 +106,20 @@ class Rollout:
     ) -> dict[str, Episodes]:
         """Each router's episodes on `seeds`; `progress(k)` is called after each step if given
         (after the whole episode for routers run by the JAX engine). `engine`: "auto" runs routers
-        with a JAX twin in the JAX engine and the others step by step, "numpy" steps every router,
-        "jax" refuses routers without a twin."""
+        that are JAX rules in the JAX engine and the others step by step, "numpy" steps every
+        router, "jax" refuses routers that are not JAX rules."""
         if engine not in ENGINES:
             raise ValueError(f"unknown engine {engine!r}; valid engines: {', '.join(ENGINES)}")
-        twins = [None if engine == "numpy" else twin(r) for r in routers]
-        if engine == "jax" and any(t is None for t in twins):
-            names = [r.name for r, t in zip(routers, twins, strict=True) if t is None]
-            raise ValueError(f"routers without a JAX twin: {', '.join(names)}")
-        fast = [i for i, t in enumerate(twins) if t is not None]
-        slow = [i for i, t in enumerate(twins) if t is None]
+        rules = [None if engine == "numpy" else jax_rule(r) for r in routers]
+        if engine == "jax" and any(t is None for t in rules):
+            names = [r.name for r, t in zip(routers, rules, strict=True) if t is None]
+            raise ValueError(f"routers that are not JAX rules: {', '.join(names)}")
+        fast = [i for i, t in enumerate(rules) if t is not None]
+        slow = [i for i, t in enumerate(rules) if t is None]
         episodes: dict[int, Episodes] = {}
         first_error = None
         if fast:
-            batch = jax_rollout.rollout(self.cfg, self.params, [twins[i] for i in fast], seeds, check=False)
+            batch = jax_rollout.rollout(self.cfg, self.params, [rules[i] for i in fast], seeds, check=False)
             first_error = batch.first_error()
             n = len(seeds)
             for j, i in enumerate(fast):
@@ -138,6 +151,8 @@ class Rollout:
         """Episodes of `routers` stepped one arrival at a time; `first_error` (step, bits) of the
         routers run elsewhere is raised at its step with whatever errors these raise there."""
         n_seeds = len(seeds)
+        n_nodes = self.cfg.n_nodes
+        routers = [r if callable(r) else BatchedRouter(r, n_nodes) for r in routers]
         tiled = np.tile(np.asarray(seeds), len(routers))
         keys = jax.vmap(jax.random.key)(jnp.asarray(tiled, dtype=jnp.uint32))
         params = per_cluster(self.params, tiled.size)
@@ -146,7 +161,10 @@ class Rollout:
         obs, view = jax.device_get((obs, view))
         mask = np.asarray(view.accepts) | ~np.asarray(view.accepts).any(axis=1, keepdims=True)
         for r in routers:
-            r.reset(n_seeds)
+            if isinstance(r, BatchedRouter):
+                r.reset(n_seeds, streams=seeds)  # the streams the JAX engine folds in
+            else:
+                r.reset(n_seeds)
         total = np.zeros(obs.shape[0])
 
         def part(tree, i):

@@ -5,7 +5,7 @@ Gymnasium environment, and the plain-Python reference simulator, measured in one
 Each configuration runs whole episodes (the final, draining step included) and reports decisions
 (routing steps) per second of wall time, compile time excluded: the environments and the
 reference are driven with round-robin actions after a warm-up episode that pays the JIT compile;
-the JAX rollout (`burstgym.rollout`, routed by `agents.jax_routers`) is compiled ahead of time,
+the JAX rollout (`burstgym.rollout`, routed by `agents.routers`) is compiled ahead of time,
 and its compile time is reported apart. A JAX size whose run the previous size predicts to take
 longer than `--budget-s` is skipped and reported as not measured.
 
@@ -29,7 +29,7 @@ import numpy as np  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from agents.jax_routers import make_jax_router  # noqa: E402
+from agents.routers import make_rule  # noqa: E402
 from burstgym import reference, scenarios  # noqa: E402
 from burstgym.gym_env import BurstBalanceEnv, BurstBalanceVectorEnv  # noqa: E402
 from burstgym.rollout import rollout  # noqa: E402
@@ -109,7 +109,7 @@ def jax_rate(
     the JAX `router`: a first call compiles (ahead of time, reported apart) and runs once
     untimed; timed calls on fresh seeds follow until `min_seconds` have passed."""
     cfg, params = scenarios.make(scenario, **settings)
-    routers = [make_jax_router(router)]
+    routers = [make_rule(router)]
     compile_s = rollout(cfg, params, routers, list(range(clusters)), chunk=chunk).compile_s
     wall, cpu, runs = 0.0, 0.0, 0
     while runs < 20 and (runs == 0 or wall < min_seconds):
@@ -136,7 +136,7 @@ def profile_step(
     from burstgym.observation import action_mask
 
     cfg, params = scenarios.make(scenario, **settings)
-    core, jr, e, n = BurstBalance(cfg), make_jax_router(router), cfg.episode_length, cfg.n_nodes
+    core, jr, e, n = BurstBalance(cfg), make_rule(router), cfg.episode_length, cfg.n_nodes
     _, s0 = jax.jit(core.reset)(jax.random.key(0), params)
 
     def decide(s):

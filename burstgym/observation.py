@@ -1,7 +1,7 @@
 """What the router sees before it routes a request: per-node signals, and the observation vector.
 
 `RouterView` holds, in natural units, what a real router can know about each node and about the
-arriving request. Routers written in JAX (agents/routers) read it; the RL observation is the same
+arriving request. Routers (agents/routers, `burstgym.routing`) read it; the RL observation is the same
 information normalised into a flat float32 vector in [0, OBS_HIGH].
 
 Load signals (`running`, `waiting`, `kv_util`, `prefill_tokens`, `window_age`, the power state)
@@ -9,9 +9,11 @@ are what metric-scraping routers read from the engines (vLLM's /metrics: running
 requests, KV-cache usage). With `signal_interval > 0` they are refreshed only at the first
 arrival after each multiple of the interval, so the router sees them as they were then
 (llm-d's endpoint picker scrapes every 50 ms; gateway-api-inference-extension
-pkg/epp/backend/metrics). Cache signals (`hit_tokens`, `cached_tokens`) need a prefix index:
-Dynamo's KV router builds an exact one from the KV events the engines publish, SGLang's router
-an approximate radix tree of the prompts it routed; here the index is exact and current.
+pkg/epp/backend/metrics). Cache signals (`hit_tokens`, `cached_tokens`) are the engines' own
+caches, exact and current, as a router that follows the engines' KV events sees them (Dynamo's
+KV router, llm-d's precise prefix scorer). Routers that keep their own approximate index of what
+they routed (SGLang, vllm-router, llm-d's default, AIBrix) build it from the arriving request's
+chunk ids (`chunk_ids`, `chunk_end`) and the clock, in their own state (agents/routers).
 
 Observation (per node, `NODE_FEATURES` each, in node order):
 - `running`: requests in the running set (continuous) or the batch in flight (dynamic), over
@@ -44,6 +46,7 @@ import jax.numpy as jnp
 
 from burstgym import prefix_cache as pc
 from burstgym.cluster import Geometry, kv_utilisation, would_drop
+from burstgym.latency import step_time
 from burstgym.types import ASLEEP, BUSY, IDLE, RUNNING, WAITING, WAKING, EnvConfig, EnvParams, State
 
 NODE_FEATURES = (
@@ -61,7 +64,16 @@ NODE_FEATURES = (
 )
 GLOBAL_FEATURES = ("prompt", "since_last_arrival", "arrival_rate", "time_to_go")
 # The load signals, in the order of `State.seen` (refreshed every `signal_interval`).
-LOAD_SIGNALS = ("running", "waiting", "kv_util", "prefill_tokens", "window_age", "phase", "kv_used")
+LOAD_SIGNALS = (
+    "running",
+    "waiting",
+    "kv_util",
+    "prefill_tokens",
+    "window_age",
+    "phase",
+    "kv_used",
+    "prompt_tokens",
+)
 OBS_HIGH = 10.0
 
 
@@ -73,20 +85,26 @@ class RouterView(NamedTuple):
     kv_util: jax.Array  # float, fraction of KV blocks held by running requests
     kv_used: jax.Array  # float, KV blocks held by running requests
     prefill_tokens: jax.Array  # float, prompt and recompute tokens still to prefill
+    prompt_tokens: jax.Array  # float, prompt tokens of the requests running or waiting (in flight)
     window_age: jax.Array  # float, seconds the oldest waiting request has waited
     phase: jax.Array  # int32, IDLE / BUSY / ASLEEP / WAKING
     hit_tokens: jax.Array  # float, leading prompt tokens of the arriving request the node caches
     cached_tokens: jax.Array  # float, tokens the node's prefix cache holds (its "tree size")
     cache_used: jax.Array  # float, fraction of KV blocks the prefix cache holds
     capacity: jax.Array  # float, requests/s the node sustains
+    prefill_rate: jax.Array  # float, prompt tokens/s the node prefills in full iterations (its budget)
+    kv_tokens: jax.Array  # float, tokens the node's KV cache holds (blocks x block size)
     accepts: jax.Array  # bool, the node would accept the request (its queue is not full)
     block_size: jax.Array  # int32, tokens per KV block
     prompt: jax.Array  # [] float, the arriving request's prompt tokens
     prefix_key: jax.Array  # [] int32, id of its first prefix chunk (-1: none); session / prefix affinity
+    chunk_ids: jax.Array  # [B] int32, its prefix chunk ids in order (-1 past the last; B = 0 without caching)
+    chunk_end: jax.Array  # [B] int32, token end of each chunk within its prompt (prompt-capped)
     step: jax.Array  # [] int32, index of the arriving request in the episode
     since_last: jax.Array  # [] float, seconds since the previous arrival
     rate: jax.Array  # [] float, estimated arrival rate (req/s)
     time_to_go: jax.Array  # [] float, fraction of the episode's requests still to route
+    clock: jax.Array  # [] float, seconds since the episode's first arrival (router-side eviction timers)
 
 
 def obs_size(n_nodes: int) -> int:
@@ -113,6 +131,7 @@ def load_signals(state: State, geo: Geometry | None, params: EnvParams, cfg: Env
     age = jnp.where(jnp.isfinite(oldest), -oldest, 0.0)
     kv_util, _ = kv_utilisation(s, state.cache, geo, params, cfg)
     kv_used = kv_util * params.nodes.kv_blocks
+    in_flight = jnp.where(waiting | running, s.prompt, 0).sum(axis=1)
     return jnp.stack(
         [
             running.sum(axis=1).astype(dtype),
@@ -122,6 +141,7 @@ def load_signals(state: State, geo: Geometry | None, params: EnvParams, cfg: Env
             age.astype(dtype),
             state.nodes.phase.astype(dtype),
             kv_used.astype(dtype),
+            in_flight.astype(dtype),
         ],
         axis=1,
     )
@@ -148,11 +168,16 @@ def router_view(state: State, params: EnvParams, cfg: EnvConfig) -> RouterView:
         cached_blocks = state.cache.cached
         cached_tokens = state.cache.cached_tokens
         prefix_key = ids[0] if ids.shape[0] else jnp.int32(-1)
+        # the router sees the prompt's chunks (a chunk of output tokens is cached only after it ran)
+        prompt_ids = jnp.where(start < req.prompt[k], ids, -1)
+        chunk_end = jnp.where(prompt_ids >= 0, jnp.minimum(end, req.prompt[k]), 0).astype(jnp.int32)
     else:
         hit_tokens = jnp.zeros(cfg.n_nodes, dtype)
         cached_blocks = jnp.zeros(cfg.n_nodes, dtype)
         cached_tokens = jnp.zeros(cfg.n_nodes, dtype)
         prefix_key = jnp.int32(-1)
+        prompt_ids = jnp.zeros(0, jnp.int32)
+        chunk_end = jnp.zeros(0, jnp.int32)
     prev = req.arrival[jnp.maximum(k - 1, 0)]
     return RouterView(
         running=col["running"],
@@ -160,21 +185,36 @@ def router_view(state: State, params: EnvParams, cfg: EnvConfig) -> RouterView:
         kv_util=col["kv_util"],
         kv_used=col["kv_used"],
         prefill_tokens=col["prefill_tokens"],
+        prompt_tokens=col["prompt_tokens"],
         window_age=col["window_age"],
         phase=col["phase"].astype(jnp.int32),
         hit_tokens=hit_tokens.astype(dtype),
         cached_tokens=cached_tokens.astype(dtype),
         cache_used=(cached_blocks / jnp.maximum(p.kv_blocks, 1)).astype(dtype),
         capacity=p.capacity_rps,
+        prefill_rate=prefill_rate(params),
+        kv_tokens=(p.kv_blocks * p.block_size).astype(dtype),
         accepts=~would_drop(state.slots, params),
         block_size=p.block_size,
         prompt=req.prompt[k].astype(dtype),
         prefix_key=jnp.asarray(prefix_key, jnp.int32),
+        chunk_ids=prompt_ids.astype(jnp.int32),
+        chunk_end=chunk_end,
         step=state.step,
         since_last=(req.arrival[k] - prev).astype(dtype),
         rate=state.rate_estimate,
         time_to_go=((state.horizon - state.step) / cfg.episode_length).astype(dtype),
+        clock=state.clock,
     )
+
+
+def prefill_rate(params: EnvParams) -> jax.Array:
+    """[N] prompt tokens/s each node prefills in iterations that fill its token budget: what
+    llm-d's calibration measures as `peakPrefillThroughput` (the budget over the TTFT of a prompt
+    of that size on an idle node; llm-d guides/recipes/router/calibration)."""
+    p = params.nodes
+    budget = p.max_num_batched_tokens.astype(jnp.result_type(float))
+    return budget / (p.speed * step_time(p.latency, budget, 0.0, 0.0))
 
 
 def observe(view: RouterView, params: EnvParams, cfg: EnvConfig) -> jax.Array:

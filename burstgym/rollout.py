@@ -4,24 +4,22 @@
 `r * S + s` replays seed `s` under router `r`, as `agents.rollout` lays them out): a vmapped
 reset, then one `lax.scan` over the episode's arrivals of router view -> router -> `step_env`
 (the batched step without auto-reset, so each episode's final state and request log are kept),
-then the episode metrics. A router is any hashable object with
+then the episode metrics. A router is any hashable object of the `burstgym.routing.Router`
+protocol,
 
     init(n_nodes, seed, stream) -> state     # stream: the episode's seed (a traced uint32)
     act(state, view, mask) -> (action, state)
 
-over one cluster's `RouterView` ([N] fields) and action mask; `agents.jax_routers` has one for
-every heuristic and production router. A router whose `observes` attribute is true (a learned
-policy: `agents.jax_ppo.JaxPolicyRouter`) is called `act(state, view, mask, obs, weights)` with the
+over one cluster's `RouterView` ([N] fields) and action mask (`agents.routers` has every
+heuristic and production rule). A router whose `observes` attribute is true (a learned policy:
+`agents.jax_ppo.JaxPolicyRouter`) is called `act(state, view, mask, obs, weights)` with the
 cluster's observation vector (`burstgym.observation.observe`, as the environment returns it) and
-the pytree its `weights()` returns. Weights are an argument of the compiled episode, not constants
-in it: a router hashes by its structure, so policies of one shape share one compilation whatever
-their weights (a training run's held-out evaluations compile once). A router whose `reads_state`
-attribute is true (a bound that simulates the cluster forward: `agents.lookahead.Lookahead`) is
-called `act(state, view, mask, cluster_state, params)` with the cluster's whole `State` and its
-parameters. Several routers in one call share the scan (a `lax.switch` on each cluster's router
-index), so their states must have one structure. A chunk of one cluster (the CPU default) calls
-the router on it directly rather than through `vmap`, so that switch, and any switch inside a
-router (a forked simulation's slot width), runs one branch instead of selecting among all.
+the pytree its `weights()` returns; one whose `reads_state` is true gets the cluster's `State` and
+`EnvParams` instead (`burstgym.routing.act`). Weights are an argument of the compiled episode, not
+constants in it: a router hashes by its structure, so policies of one shape share one compilation
+whatever their weights (a training run's held-out evaluations compile once). Several routers in
+one call share the scan (a `lax.switch` on each cluster's router index); each cluster carries a
+tuple of every router's state, whose structures may differ, and uses its own router's.
 
 Two jitted calls, compiled ahead of time so compile time is reported apart from run time: the
 reset (compiled per configuration) and the episode (reset state in, final state out), which is
@@ -56,6 +54,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from burstgym import routing
 from burstgym.env import BurstBalance
 from burstgym.gym_env import check_error
 from burstgym.observation import action_mask, observe
@@ -90,7 +89,9 @@ class EpisodeBatch:
     error: np.ndarray  # [C] int32, the final error bits
     error_step: np.ndarray  # [C] int32, the step of each cluster's first error (E: none)
     error_first: np.ndarray  # [C] int32, the error bits at that step
-    router_state: Any  # every cluster's router state after its last decision (leaves [C, ...])
+    # every cluster's router states after its last decision: a tuple with one state per router (the
+    # engine carries all of them; cluster r * S + s uses router r's), leaves [C, ...]
+    router_state: Any
     compile_s: float  # seconds spent compiling in this call (0 when every function was cached)
     run_s: float  # seconds running the compiled reset and episode (to results on the device)
     devices: int  # devices the cluster axis was sharded over (1: unsharded)
@@ -160,55 +161,51 @@ def chunk_size(n_clusters: int, target: int) -> int:
     return max(d for d in range(1, target + 1) if n_clusters % d == 0)
 
 
-def _per_cluster(f, n_clusters: int):
-    """`jax.vmap(f)` over a chunk's leading cluster axis; a chunk of one cluster calls `f` directly
-    (see the module docstring: a switch under `vmap` with a batched index runs every branch)."""
-    if n_clusters != 1:
-        return jax.vmap(f)
-
-    def one(*args):
-        out = f(*jax.tree.map(lambda x: x[0], args))
-        return jax.tree.map(lambda x: x[None], out)
-
-    return one
-
-
 def _episode_fn(cfg: EnvConfig, routers: tuple[Any, ...], chunk: int | None):
     """(states, router index, router seeds, streams, params, router weights) -> outputs, for one
     shard of clusters (params per cluster), `chunk` clusters vmapped at a time (None: all)."""
     core = BurstBalance(cfg)
     n, e = cfg.n_nodes, cfg.episode_length
+    observes = any(getattr(r, "observes", False) for r in routers)
 
-    def choose(fns, idx, *args):
-        return fns[0](*args) if len(fns) == 1 else jax.lax.switch(idx, fns, *args)
+    # Router states: a tuple with one state per router (their structures may differ), of which
+    # each cluster uses its own router's; one compiled scan serves every router (a switch on the
+    # router index, a true branch when one cluster runs at a time).
+    def init_all(seed, stream):
+        return tuple(r.init(n, seed, stream) for r in routers)
 
-    inits = [functools.partial(r.init, n) for r in routers]
-    observers = [bool(getattr(r, "observes", False)) for r in routers]
-    readers = [bool(getattr(r, "reads_state", False)) for r in routers]
+    def branch(i: int, weights):
+        def act(rstates, view, mask, obs, state, params):
+            extra = dict(obs=obs, weights=weights[i], cluster_state=state, params=params)
+            action, new = routing.act(routers[i], rstates[i], view, mask, **extra)
+            return action.astype(jnp.int32), rstates[:i] + (new,) + rstates[i + 1 :]
+
+        return act
+
+    def route(weights, ridx, rstates, views, masks, obs, states, params):
+        acts = [branch(i, weights) for i in range(len(routers))]
+
+        def one(i, *args):
+            return acts[0](*args) if len(acts) == 1 else jax.lax.switch(i, acts, *args)
+
+        args = (rstates, views, masks, obs, states, params)
+        if ridx.shape[0] == 1:  # one cluster: a scalar index, so only its router's branch runs
+            out = one(ridx[0], *jax.tree.map(lambda x: x[0], args))
+            return jax.tree.map(lambda x: x[None], out)
+        return jax.vmap(one)(ridx, *args)
 
     def run(states, ridx, rseed, stream, params, weights):
-        rstates = jax.vmap(lambda i, s, t: choose(inits, i, s, t))(ridx, rseed, stream)
+        rstates = jax.vmap(init_all)(rseed, stream)
         c = ridx.shape[0]
         view_of = jax.vmap(core.view)
         obs_of = jax.vmap(lambda v, p: observe(v, p, cfg))
-
-        def act_fn(i: int):
-            r, w = routers[i], weights[i]
-            if observers[i]:
-                return lambda s, v, m, o, cs, p: r.act(s, v, m, o, w)
-            if readers[i]:
-                return lambda s, v, m, o, cs, p: r.act(s, v, m, cs, p)
-            return lambda s, v, m, o, cs, p: r.act(s, v, m)
-
-        acts = [act_fn(i) for i in range(len(routers))]
 
         def body(carry, k):
             states, rstates, first_k, first_bits = carry
             views = view_of(states, params)
             masks = jax.vmap(action_mask)(views)
-            obs = obs_of(views, params) if any(observers) else jnp.zeros((c, 0), jnp.float32)
-            pick = _per_cluster(lambda i, s, v, m, o, cs, p: choose(acts, i, s, v, m, o, cs, p), c)
-            actions, rstates = pick(ridx, rstates, views, masks, obs, states, params)
+            obs = obs_of(views, params) if observes else jnp.zeros((c, 0), jnp.float32)
+            actions, rstates = route(weights, ridx, rstates, views, masks, obs, states, params)
             _, states, reward, _, info = step_clusters(core, states, actions, params)
             err = info["error"]
             new = (err != 0) & (first_k == e)

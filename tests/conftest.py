@@ -120,9 +120,21 @@ def rollout(cfg: EnvConfig, params, seed: int, actions, x64: bool = False):
 
 # A small, overloaded cluster shared by the core and invariant tests (one compile per scheduler):
 # 4 nodes, 4 running / 6 waiting per node, 768 KV tokens, short requests.
-BASE = dict(n_nodes=4, episode_length=160, load=1.0, max_num_seqs=4, max_batch_size=4, queue_capacity=6,
-            kv_capacity_tokens=768, block_size=16, max_num_batched_tokens=256, prompt_median=64.0,
-            prompt_max=256, output_median=32.0, output_max=128)
+BASE = dict(
+    n_nodes=4,
+    episode_length=160,
+    load=1.0,
+    max_num_seqs=4,
+    max_batch_size=4,
+    queue_capacity=6,
+    kv_capacity_tokens=768,
+    block_size=16,
+    max_num_batched_tokens=256,
+    prompt_median=64.0,
+    prompt_max=256,
+    output_median=32.0,
+    output_max=128,
+)
 
 
 def base(scheduler: str = "continuous", **overrides):

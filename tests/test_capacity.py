@@ -13,8 +13,16 @@ from burstgym import scenarios
 E = 3000
 # One slot width: the queue grows to hundreds, and what is checked here is queueing, not the
 # narrow tables (tests/test_core.py checks those), so one compiled width keeps the test short.
-ONE_NODE = dict(n_nodes=1, episode_length=E, queue_capacity=1000, slots=1100, slot_widths=(), end="cut",
-                prompt_max=1024, output_max=512)
+ONE_NODE = dict(
+    n_nodes=1,
+    episode_length=E,
+    queue_capacity=1000,
+    slots=1100,
+    slot_widths=(),
+    end="cut",
+    prompt_max=1024,
+    output_max=512,
+)
 
 
 @pytest.mark.parametrize(

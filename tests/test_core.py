@@ -21,15 +21,29 @@ def _md1(rate: float, service: float, episode_length: int):
     """One node serving one request at a time in exactly `service` seconds, Poisson arrivals."""
     # One slot width: the M/D/1 test vmaps whole episodes, and a vmapped width switch would run
     # every width's branch (burstgym.env, "Slot widths").
-    cfg, params = scenarios.make("steady", n_nodes=1, episode_length=episode_length, max_num_seqs=1,
-                                 queue_capacity=40, prompt_max=64, output_max=64, slot_widths=())
+    cfg, params = scenarios.make(
+        "steady",
+        n_nodes=1,
+        episode_length=episode_length,
+        max_num_seqs=1,
+        queue_capacity=40,
+        prompt_max=64,
+        output_max=64,
+        slot_widths=(),
+    )
     workload = Workload(PoissonArrivals(rate), EmpiricalLengths((32,)), EmpiricalLengths((1,)))
     cfg = dataclasses.replace(cfg, workload=workload)
     n = params.nodes
     # step_time = overhead_s exactly: every other coefficient 0, linear layers max(0, 0) with p = 1.
     zero = {f: jnp.zeros_like(n.speed) for f in LatencyModel._fields}
-    lat = LatencyModel(**{**zero, "overhead_s": jnp.full_like(n.speed, service),
-                          "knee_p": jnp.ones_like(n.speed), "tile_tokens": jnp.ones_like(n.speed)})
+    lat = LatencyModel(
+        **{
+            **zero,
+            "overhead_s": jnp.full_like(n.speed, service),
+            "knee_p": jnp.ones_like(n.speed),
+            "tile_tokens": jnp.ones_like(n.speed),
+        }
+    )
     return cfg, params._replace(nodes=n._replace(latency=lat, speed=jnp.ones_like(n.speed)))
 
 
@@ -192,10 +206,20 @@ def test_steps_on_narrow_slot_tables_equal_full_width_steps() -> None:
     """A step runs on the narrowest slot table that holds every node's requests plus the arriving
     one (burstgym.env, "Slot widths"). An episode whose nodes fill past the narrow widths gives the
     same fates, latencies, rewards and prefix-cache totals as the same episode at full width."""
-    cfg, params = scenarios.make("prefix", **{**BASE, "episode_length": 48, "max_num_seqs": 8,
-                                              "queue_capacity": 8, "kv_capacity_tokens": 8192,
-                                              "prompt_max": 1024, "prefix_median": 512.0, "prefix_max": 1024,
-                                              "load": 3.0})
+    cfg, params = scenarios.make(
+        "prefix",
+        **{
+            **BASE,
+            "episode_length": 48,
+            "max_num_seqs": 8,
+            "queue_capacity": 8,
+            "kv_capacity_tokens": 8192,
+            "prompt_max": 1024,
+            "prefix_median": 512.0,
+            "prefix_max": 1024,
+            "load": 3.0,
+        },
+    )
     assert cfg.prefix_caching and cfg.slots == 16
     actions = np.arange(cfg.episode_length) % cfg.n_nodes
     narrow = dataclasses.replace(cfg, slot_widths=(2, 4))

@@ -38,23 +38,60 @@ SMALL = dict(prompt_median=96.0, prompt_max=384, output_median=48.0, output_max=
 WEIGHTS = dict(ttft_weight=0.5, energy_weight=1e-4)
 # A shrunk "conversation": 3 turns at most, 2 s think time, 512-token chunks (a shared system
 # prompt, then each session's own), 2560 KV tokens per node (5 chunks).
-CONVERSATION = dict(n_nodes=3, episode_length=240, load=1.0, max_num_seqs=8, queue_capacity=6,
-                    kv_capacity_tokens=2560, max_num_batched_tokens=512, prompt_median=64.0, prompt_max=128,
-                    output_median=48.0, output_max=128, conv_max_turns=3, think_time=2.0)
+CONVERSATION = dict(
+    n_nodes=3,
+    episode_length=240,
+    load=1.0,
+    max_num_seqs=8,
+    queue_capacity=6,
+    kv_capacity_tokens=2560,
+    max_num_batched_tokens=512,
+    prompt_median=64.0,
+    prompt_max=128,
+    output_median=48.0,
+    output_max=128,
+    conv_max_turns=3,
+    think_time=2.0,
+)
 
 # name: (scenario, overrides); the objective, reward and end vary across the cases. Building a
 # dynamic-batching scenario estimates its capacity from sampled batches (slow), so "unpadded" is
 # "padded"'s build with other static switches (`SWITCHES`), arrivals and parameters unchanged.
 CASES = {
     # Tight KV (1024 tokens = 64 blocks) and a 6-deep queue under skewed overload: preemptions and drops.
-    "continuous": ("bursty", dict(n_nodes=3, episode_length=300, load=1.1, max_num_seqs=8, queue_capacity=6,
-                                  kv_capacity_tokens=1024, max_num_batched_tokens=384, prefix_caching=False,
-                                  **SMALL, **WEIGHTS)),
-    "prefix": ("conversation", dict(**CONVERSATION, objective="excess", reward="finish", end="cut",
-                                    **WEIGHTS)),
-    "padded": ("bursty-dynamic", dict(n_nodes=2, episode_length=300, load=1.1, max_batch_size=4,
-                                      max_queue_delay=0.05, queue_capacity=5, objective="slo", **SMALL,
-                                      **WEIGHTS)),
+    "continuous": (
+        "bursty",
+        dict(
+            n_nodes=3,
+            episode_length=300,
+            load=1.1,
+            max_num_seqs=8,
+            queue_capacity=6,
+            kv_capacity_tokens=1024,
+            max_num_batched_tokens=384,
+            prefix_caching=False,
+            **SMALL,
+            **WEIGHTS,
+        ),
+    ),
+    "prefix": (
+        "conversation",
+        dict(**CONVERSATION, objective="excess", reward="finish", end="cut", **WEIGHTS),
+    ),
+    "padded": (
+        "bursty-dynamic",
+        dict(
+            n_nodes=2,
+            episode_length=300,
+            load=1.1,
+            max_batch_size=4,
+            max_queue_delay=0.05,
+            queue_capacity=5,
+            objective="slo",
+            **SMALL,
+            **WEIGHTS,
+        ),
+    ),
 }
 SWITCHES = {"unpadded": ("padded", dict(padding=False, objective="latency", end="cut"))}
 # Variants: (base case, parameter changes). "sleep": 4x faster nodes (lower load), sleep after

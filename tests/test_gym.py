@@ -45,7 +45,7 @@ def test_episode_ends_with_metrics(end: str, terminates: bool) -> None:
 
 
 def test_render_modes() -> None:
-    """"ansi" gives a text table of the nodes, "rgb_array" an RGB frame; others are refused."""
+    """ "ansi" gives a text table of the nodes, "rgb_array" an RGB frame; others are refused."""
     text = gym.make("BurstBalance-v0", **GYM, render_mode="ansi")
     text.reset(seed=0)
     text.step(0)
@@ -127,10 +127,17 @@ def test_unknown_scenario_lists_valid_ones() -> None:
 
 @pytest.mark.parametrize(
     ("setting", "field"),
-    [({"n_nodez": 4}, "n_nodez"), ({"load": -1.0}, "load"), ({"n_nodes": 0}, "n_nodes"),
-     ({"scheduler": "static"}, "scheduler"), ({"queue_capacity": 2.5}, "queue_capacity"),
-     ({"burst_ratio": 0.5}, "burst_ratio"), ({"arrival_cv": 0.0}, "arrival_cv"),
-     ({"slot_widths": (32, 0)}, "slot_widths"), ({"slot_widths": 64}, "slot_widths")],
+    [
+        ({"n_nodez": 4}, "n_nodez"),
+        ({"load": -1.0}, "load"),
+        ({"n_nodes": 0}, "n_nodes"),
+        ({"scheduler": "static"}, "scheduler"),
+        ({"queue_capacity": 2.5}, "queue_capacity"),
+        ({"burst_ratio": 0.5}, "burst_ratio"),
+        ({"arrival_cv": 0.0}, "arrival_cv"),
+        ({"slot_widths": (32, 0)}, "slot_widths"),
+        ({"slot_widths": 64}, "slot_widths"),
+    ],
 )
 def test_bad_setting_names_the_field(setting, field) -> None:
     """Unknown or invalid settings are refused with the setting named."""
@@ -170,8 +177,9 @@ def test_vector_env_refuses_bad_actions(actions) -> None:
 def test_malformed_trace_names_file_and_line(tmp_path) -> None:
     """A trace row that is not a number is reported with the file, line and column."""
     f = tmp_path / "azure.csv"
-    f.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.68,10,5\n"
-                 "2023-11-16 18:15:47.00,ten,5\n")
+    f.write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.68,10,5\n2023-11-16 18:15:47.00,ten,5\n"
+    )
     with pytest.raises(ValueError, match=r"azure\.csv: line 3: column 'ContextTokens'"):
         gym.make("BurstBalance-v0", scenario="trace", trace=str(f))
 

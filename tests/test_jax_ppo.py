@@ -15,8 +15,8 @@ import pytest
 
 from agents.hyperparams import load
 from agents.jax_ppo import JaxPolicyRouter, JaxPPO, NodeScoringNet, ObsStats, PPOConfig, gae
-from agents.jax_routers import make_jax_router
 from agents.learners import NodePooledRunningMeanStd, load_router
+from agents.routers import make_rule
 from burstgym import scenarios
 from burstgym.observation import GLOBAL_FEATURES, NODE_FEATURES, obs_size
 
@@ -92,7 +92,7 @@ def test_training_is_reproducible_and_its_checkpoint_routes(tiny_setup, tmp_path
     runs = []
     for seed in (0, 0, 1):
         learner = _learner(tiny_setup, seed)
-        bc = learner.warm_start(make_jax_router("jsq"), 32, epochs=2, batch_size=16)
+        bc = learner.warm_start(make_rule("jsq"), 32, epochs=2, batch_size=16)
         assert 0.0 <= bc["agreement"] <= 1.0 and bc["samples"] == 32
         logs = [learner.update() for _ in range(2)]
         assert learner.num_timesteps == 64

@@ -1,7 +1,7 @@
-"""The JAX routers against their NumPy twins, and the JAX rollout engine against the step-by-step
-rollout: same decisions on random router views (ties and masked nodes included), bit-identical
-episodes (per-request TTFT and e2e, objective, metrics), the same errors, and the sharded path
-equal to the unsharded one."""
+"""The rollout engine against the step-by-step rollout (both drive the same JAX rules): bit-identical
+episodes (per-request TTFT and e2e, objective, metrics), the same errors, the sharded path equal
+to the unsharded one; routers of different state structures and capabilities in one compiled
+episode; the PRNG routers' distributions; learned routers in the engine."""
 
 from __future__ import annotations
 
@@ -10,155 +10,57 @@ import os
 import subprocess
 import sys
 import textwrap
+from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from agents.jax_routers import JAX_ROUTERS, argmin, make_jax_router, md5_prefix64, twin
-from agents.rollout import Rollout
-from agents.routers import ROUTERS, make_router
+from agents.rollout import Rollout, jax_rule
+from agents.routers import make_router, make_rule
+from agents.routers.base import BatchedRouter, Rule, argmin, first
+from agents.routers.prefix_hash import md5_prefix64
 from burstgym.observation import RouterView
 from burstgym.types import ASLEEP, BUSY, IDLE, WAKING
 
 N = 4
-EXACT = [name for name, cls in JAX_ROUTERS.items() if cls.exact]
 F32 = np.float32
 
 
-def random_views(rng: np.random.Generator, b: int, n: int = N, ties: bool = True) -> RouterView:
-    """A batch of `b` float32 views as the environment produces them: with `ties`, every signal
-    drawn from a few values (exact ties everywhere), else spread out."""
-
-    def few(values, shape):
-        return np.asarray(values, F32)[rng.integers(0, len(values), shape)]
-
-    if ties:
-        running = few([0, 1, 2, 3, 8, 12, 20, 90], (b, n))
-        waiting = few([0, 0, 1, 2, 3], (b, n))
-        kv_util = few([0.0, 0.25, 0.5, 0.9, 0.95], (b, n))
-        prefill = few([0, 256, 512, 4096], (b, n))
-        prompt = few([1, 300, 1024, 2048], (b,))
-        hit = np.minimum(few([0, 256, 512, 768, 1024], (b, n)), prompt[:, None])
-        cached = few([0, 256, 1024], (b, n))
-        age = few([0.0, 0.01, 0.02], (b, n))
-    else:
-        running = rng.integers(0, 200, (b, n)).astype(F32)
-        waiting = rng.integers(0, 12, (b, n)).astype(F32)
-        kv_util = rng.random((b, n)).astype(F32)
-        prefill = rng.integers(0, 20000, (b, n)).astype(F32)
-        prompt = rng.integers(1, 5000, b).astype(F32)
-        hit = np.minimum(rng.integers(0, 5000, (b, n)), prompt[:, None]).astype(F32)
-        cached = rng.integers(0, 10**5, (b, n)).astype(F32)
-        age = rng.random((b, n)).astype(F32)
-    accepts = rng.random((b, n)) < 0.7
-    accepts[rng.random(b) < 0.3] = True
+def random_view(rng: np.random.Generator) -> RouterView:
+    """One cluster's float32 view as the environment produces it."""
+    kv_util = rng.random(N).astype(F32)
+    prompt = F32(rng.integers(1, 5000))
     return RouterView(
-        running=running,
-        waiting=waiting,
+        running=rng.integers(0, 200, N).astype(F32),
+        waiting=rng.integers(0, 12, N).astype(F32),
         kv_util=kv_util,
-        kv_used=(kv_util * F32(28755)).astype(F32),  # as the env derives it: usage x blocks
-        prefill_tokens=prefill,
-        window_age=age,
-        phase=rng.choice([IDLE, IDLE, BUSY, ASLEEP, WAKING], (b, n)).astype(np.int32),
-        hit_tokens=hit,
-        cached_tokens=cached,
-        cache_used=rng.random((b, n)).astype(F32),
-        capacity=np.ones((b, n), F32),
-        accepts=accepts,
-        block_size=np.full((b, n), 16, np.int32),
+        kv_used=(kv_util * F32(28755)).astype(F32),
+        prefill_tokens=rng.integers(0, 20000, N).astype(F32),
+        prompt_tokens=rng.integers(0, 90000, N).astype(F32),
+        window_age=rng.random(N).astype(F32),
+        phase=rng.choice([IDLE, IDLE, BUSY, ASLEEP, WAKING], N).astype(np.int32),
+        hit_tokens=np.minimum(rng.integers(0, 5000, N), prompt).astype(F32),
+        cached_tokens=rng.integers(0, 10**5, N).astype(F32),
+        cache_used=rng.random(N).astype(F32),
+        capacity=np.ones(N, F32),
+        prefill_rate=np.full(N, 10000.0, F32),
+        kv_tokens=np.full(N, 460080.0, F32),
+        accepts=np.ones(N, bool),
+        block_size=np.full(N, 16, np.int32),
         prompt=prompt,
-        prefix_key=rng.integers(-1, 5000, b).astype(np.int32),
-        step=np.zeros(b, np.int32),
-        since_last=np.zeros(b, F32),
-        rate=np.ones(b, F32),
-        time_to_go=np.ones(b, F32),
+        prefix_key=np.int32(rng.integers(-1, 5000)),
+        chunk_ids=np.full(0, -1, np.int32),
+        chunk_end=np.zeros(0, np.int32),
+        step=np.int32(1),
+        since_last=F32(0),
+        rate=F32(1),
+        time_to_go=F32(1),
+        clock=F32(0),
     )
-
-
-def env_mask(view: RouterView) -> np.ndarray:
-    a = np.asarray(view.accepts)
-    return a | ~a.any(axis=1, keepdims=True)
-
-
-def decisions(name: str, views: list[RouterView], seed: int = 3):
-    """The NumPy router's and its twin's actions on consecutive batches of views ([T, B] each)."""
-    b = views[0].running.shape[0]
-    router = make_router(name, N, seed=seed)
-    router.reset(b)
-    jr = twin(router)
-    act = jax.jit(jax.vmap(jr.act))
-    state = jax.vmap(lambda s: jr.init(N, stream=s))(jnp.arange(b, dtype=jnp.uint32))
-    out_np, out_jax = [], []
-    for v in views:
-        m = env_mask(v)
-        out_np.append(router(None, m, v))
-        a, state = act(state, v, m)
-        out_jax.append(np.asarray(a))
-    return np.stack(out_np), np.stack(out_jax)
-
-
-def test_every_router_has_a_jax_twin():
-    assert set(JAX_ROUTERS) == set(ROUTERS)
-    for name in ROUTERS:
-        t = twin(make_router(name, N, seed=5))
-        assert t is not None and t.name == name and t.seed == 5
-
-
-@pytest.mark.parametrize("name", EXACT)
-def test_jax_router_equals_numpy_router_on_random_views(name):
-    rng = np.random.default_rng(7)
-    views = [random_views(rng, 64, ties=t % 2 == 0) for t in range(10)]
-    a_np, a_jax = decisions(name, views)
-    np.testing.assert_array_equal(a_jax, a_np)
-
-
-def test_ties_rotate_with_the_counter_as_in_numpy():
-    """An empty cluster: every node tied, the pick advances with the decision counter."""
-    empty = random_views(np.random.default_rng(0), 1)
-    empty = RouterView(*(np.zeros_like(x) if x.dtype != bool else np.ones_like(x) for x in empty))
-    empty = empty._replace(prompt=np.ones(1, F32), prefix_key=np.full(1, -1, np.int32))
-    for name in ("jsq", "least-tokens", "least-kv", "dynamo-kv", "aibrix-prefix", "sglang-cache-aware"):
-        a_np, a_jax = decisions(name, [empty] * 8)
-        np.testing.assert_array_equal(a_jax[:, 0], [0, 1, 2, 3, 0, 1, 2, 3])
-        np.testing.assert_array_equal(a_jax, a_np)
-
-
-def test_dynamo_cost_is_compared_exactly_where_float32_would_tie():
-    """kv_used one float32 ulp apart under a large prefill backlog: the float32 sums round to a
-    tie (the cached-tokens key would pick node 0), the exact (float64) costs do not (node 1)."""
-    v = random_views(np.random.default_rng(0), 1)
-    kv = np.array([[np.nextafter(F32(1000), F32(2000)), 1000, 5e6, 5e6]], F32)
-    v = v._replace(
-        kv_used=kv,
-        prefill_tokens=np.array([[2**22, 2**22, 0, 0]], F32),
-        hit_tokens=np.zeros((1, N), F32),
-        prompt=np.array([16.0], F32),
-        cached_tokens=np.array([[0, 5, 0, 0]], F32),
-        accepts=np.ones((1, N), bool),
-    )
-    one = jax.tree.map(lambda x: jnp.asarray(x[0]), v)
-    naive = one.kv_used + one.prefill_tokens / 16 + jnp.ceil(one.prompt / 16)
-    assert int(argmin(naive, jnp.ones(N, bool), 0, one.cached_tokens)) == 0
-    a_np, a_jax = decisions("dynamo-kv", [v])
-    assert a_np[0, 0] == a_jax[0, 0] == 1
-
-
-def test_aibrix_calm_set_is_exact_at_mean_plus_std():
-    """Loads [x, x + 1, x + 2]: mean + sample std = x + 2 exactly, so the third node is calm."""
-    v = random_views(np.random.default_rng(0), 3)
-    base = np.array([0, 1000, 100000], F32)[:, None]
-    v = v._replace(
-        running=np.concatenate([base + np.array([0, 1, 2], F32), np.full((3, 1), 50, F32)], axis=1),
-        hit_tokens=np.tile(np.array([0, 0, 900, 900], F32), (3, 1)),
-        prompt=np.full(3, 1000, F32),
-        accepts=np.array([[True, True, True, False]] * 3),
-    )
-    a_np, a_jax = decisions("aibrix-prefix", [v])
-    np.testing.assert_array_equal(a_jax, a_np)
-    assert (a_jax == 2).all()
 
 
 def test_md5_ring_hash_matches_hashlib():
@@ -176,7 +78,7 @@ def test_md5_ring_hash_matches_hashlib():
 
 
 def _prng_actions(name: str, view: RouterView, mask: np.ndarray, draws: int) -> np.ndarray:
-    jr = make_jax_router(name, seed=1)
+    jr = make_rule(name, seed=1)
     one = jax.tree.map(jnp.asarray, view)
 
     def run(stream):
@@ -189,19 +91,15 @@ def _prng_actions(name: str, view: RouterView, mask: np.ndarray, draws: int) -> 
     return np.asarray(jax.jit(jax.vmap(run))(jnp.arange(8, dtype=jnp.uint32))).ravel()
 
 
-def _single(view: RouterView, i: int = 0) -> RouterView:
-    return jax.tree.map(lambda x: np.asarray(x)[i], view)
-
-
 def test_random_router_is_uniform_and_ignores_the_mask():
-    v = _single(random_views(np.random.default_rng(1), 1))
+    v = random_view(np.random.default_rng(1))
     mask = np.array([True, False, False, False])
     counts = np.bincount(_prng_actions("random", v, mask, 1000), minlength=N)
     assert counts.sum() == 8000 and (np.abs(counts - 2000) < 200).all()  # ~5 sigma
 
 
 def test_power_of_two_picks_the_less_loaded_of_two_distinct_nodes():
-    v = _single(random_views(np.random.default_rng(1), 1))._replace(
+    v = random_view(np.random.default_rng(1))._replace(
         running=np.array([3, 0, 9, 5], F32), waiting=np.zeros(N, F32)
     )
     a = _prng_actions("power-of-two", v, np.ones(N, bool), 1500)
@@ -214,34 +112,9 @@ def test_power_of_two_picks_the_less_loaded_of_two_distinct_nodes():
     np.testing.assert_allclose(np.bincount(a, minlength=N) / a.size, [3 / 6, 0.0, 1 / 6, 2 / 6], atol=0.02)
 
 
-def test_llm_d_picks_a_best_scoring_node_and_splits_ties_uniformly():
-    rng = np.random.default_rng(3)
-    for _ in range(5):  # dyadic values: float32 and float64 scores are both exact
-        v = random_views(rng, 64)._replace(
-            prompt=np.full(64, 1024, F32), hit_tokens=rng.integers(0, 5, (64, N)).astype(F32) * 256
-        )
-        router = make_router("llm-d", N)
-        router.reset(64)
-        m = env_mask(v)
-        block = 16.0
-        prefix = np.floor(v.hit_tokens / block) / 64.0
-        q = np.where(m, v.waiting, np.nan)
-        qmax, qmin = np.nanmax(q, axis=1, keepdims=True), np.nanmin(q, axis=1, keepdims=True)
-        spread = qmax - qmin
-        queue = np.where(spread > 0, (qmax - v.waiting) / np.where(spread > 0, spread, 1.0), 1.0)
-        score = np.where(m, 3 * prefix + 2 * (1.0 - v.kv_util.astype(np.float64)) + 2 * queue, -np.inf)
-        best = score == score.max(axis=1, keepdims=True)
-        _, a_jax = decisions("llm-d", [v])
-        assert best[np.arange(64), a_jax[0]].all()
-        assert best[np.arange(64), router(None, m, v)].all()
-    z = np.zeros(N, F32)
-    empty = _single(random_views(rng, 1))._replace(running=z, waiting=z, kv_util=z, hit_tokens=z)
-    counts = np.bincount(_prng_actions("llm-d", empty, np.ones(N, bool), 1000), minlength=N)
-    assert (np.abs(counts - 2000) < 200).all()
-
-
 class _PythonRoundRobin:
-    """A router without a JAX twin (as the learned router), stepped by the NumPy path."""
+    """A router only Python can call (as an SB3 policy the JAX network cannot express), stepped by
+    the step-by-step path."""
 
     name = "python-round-robin"
 
@@ -253,11 +126,15 @@ class _PythonRoundRobin:
         return np.full(obs.shape[0], (self.k - 1) % N)
 
 
+# deterministic and PRNG rules, with and without a state of their own
 ROLLOUT_ROUTERS = (
     "round-robin",
     "least-tokens",
+    "weighted-skew",
+    "power-of-two",
     "sglang-cache-aware",
     "dynamo-kv",
+    "llm-d",
     "aibrix-prefix",
     "prefix-hash",
 )
@@ -275,7 +152,7 @@ def _assert_same(a, b):
 @pytest.mark.parametrize("scenario", ["bursty", "prefix"])
 def test_jax_rollout_equals_step_by_step_rollout(scenario):
     # bursty: 48-request episodes, so steps run at two slot widths (32 and 48) in both engines;
-    # prefix: 32 (one width), to keep the compile of its seven routers short.
+    # prefix: 32 (one width), to keep the compile of its routers short.
     length = {"bursty": 48, "prefix": 32}[scenario]
     rollout = Rollout(scenario, episode_length=length)
     assert len(rollout.core.widths) == {"bursty": 2, "prefix": 1}[scenario]
@@ -297,8 +174,32 @@ def test_engine_choice_is_checked():
     rollout = Rollout("bursty", episode_length=48)
     with pytest.raises(ValueError, match="unknown engine 'gpu'"):
         rollout.run([make_router("round-robin", N)], [0], engine="gpu")
-    with pytest.raises(ValueError, match="without a JAX twin: python-round-robin"):
+    with pytest.raises(ValueError, match="not JAX rules: python-round-robin"):
         rollout.run([_PythonRoundRobin()], [0], engine="jax")
+
+
+@dataclass(frozen=True)
+class _LeastRouted(Rule):
+    """A router that reads the cluster's state (`reads_state`): the node with the fewest requests
+    routed so far (`NodeState.routed`), ties to the first; over a fresh episode it deals as
+    round-robin does."""
+
+    name: ClassVar[str] = "least-routed"
+    family: ClassVar[str] = "bound"
+    reads_state: ClassVar[bool] = True
+
+    def act(self, state, view, mask, cluster_state, params):
+        routed = cluster_state.nodes.routed.astype(jnp.float32)
+        node = argmin(routed, jnp.ones_like(mask), order=first(mask.shape[0]))
+        return node, state._replace(counter=state.counter + 1)
+
+
+def test_a_router_reading_the_cluster_state_runs_in_the_engine():
+    rollout = Rollout("bursty", episode_length=48)
+    res = rollout.run([_LeastRouted(), make_router("round-robin", N)], [0, 1], engine="jax")
+    _assert_same(res["least-routed"], res["round-robin"])
+    with pytest.raises(ValueError, match="reads the cluster's state"):
+        BatchedRouter(_LeastRouted(), N)
 
 
 def test_errors_are_raised_after_the_jax_call_as_step_by_step():
@@ -317,12 +218,12 @@ def test_errors_are_raised_after_the_jax_call_as_step_by_step():
 SHARDED = textwrap.dedent(
     """
     import jax, numpy as np
-    from agents.jax_routers import make_jax_router
+    from agents.routers import make_rule
     from burstgym import scenarios
     from burstgym.rollout import cluster_mesh, rollout
     assert len(jax.devices()) == 2, jax.devices()
     cfg, params = scenarios.make("bursty", episode_length=32)
-    routers = [make_jax_router(n) for n in ("round-robin", "least-tokens", "power-of-two")]
+    routers = [make_rule(n) for n in ("round-robin", "least-tokens", "power-of-two")]
     a = rollout(cfg, params, routers, [0, 1, 2, 3])
     b = rollout(cfg, params, routers, [0, 1, 2, 3], shard=False)
     assert a.devices == 2 and b.devices == 1, (a.devices, b.devices)
@@ -428,6 +329,6 @@ def test_learned_policy_in_the_jax_engine_equals_its_step_by_step_episodes(sb3_p
     params, stats = jr.weights()
     other = jax_ppo.JaxPolicyRouter(jax.tree.map(lambda x: -x, params), stats, N, jr.hidden)
     assert other == jr and hash(other) == hash(jr)
-    again = jax_rollout.rollout(rollout.cfg, rollout.params, [other, sampled, twin(rr)], seeds)
+    again = jax_rollout.rollout(rollout.cfg, rollout.params, [other, sampled, jax_rule(rr)], seeds)
     assert again.compile_s == 0.0
     assert not np.array_equal(again.e2e[:2], fast["learned"].e2e, equal_nan=True)

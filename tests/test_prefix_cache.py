@@ -100,8 +100,13 @@ def _closed_form_hits(ids: np.ndarray, end: np.ndarray, prompt: np.ndarray, bloc
 def _check_closed_form(name: str, settings: dict) -> float:
     e = 200
     cfg, params = scenarios.make(
-        name, n_nodes=1, episode_length=e, load=0.3, kv_capacity_tokens=50_000_000,
-        max_num_batched_tokens=200_000, **settings,
+        name,
+        n_nodes=1,
+        episode_length=e,
+        load=0.3,
+        kv_capacity_tokens=50_000_000,
+        max_num_batched_tokens=200_000,
+        **settings,
     )
     _, st0, st, tr = rollout(cfg, params, 0, np.zeros(e, np.int64))
     assert (tr["error"] == 0).all() and not np.asarray(st.log.dropped).any()

@@ -20,8 +20,18 @@ from burstgym.latency import LatencyModel, PowerModel, energy_j, step_time
 from burstgym.reference import RefNode, simulate
 
 _ZERO = dict.fromkeys(LatencyModel._fields, 0.0)
-LM = LatencyModel(**{**_ZERO, "overhead_s": 2.0**-6, "token_s": 2.0**-10, "knee_p": 1.0, "tile_tokens": 1.0,
-                     "attn_fixed_s": 2.0**-8, "kv_token_s": 2.0**-12, "prefill_pair_s": 2.0**-16})
+LM = LatencyModel(
+    **{
+        **_ZERO,
+        "overhead_s": 2.0**-6,
+        "token_s": 2.0**-10,
+        "knee_p": 1.0,
+        "tile_tokens": 1.0,
+        "attn_fixed_s": 2.0**-8,
+        "kv_token_s": 2.0**-12,
+        "prefill_pair_s": 2.0**-16,
+    }
+)
 
 
 def d(prefill_tokens: int, decode_seqs: int, kv_tokens: int, pairs: float) -> float:
@@ -51,8 +61,11 @@ def test_step_time_matches_latency_module() -> None:
     rng = np.random.default_rng(1)
     for _ in range(20):
         lm = LatencyModel(**{k: float(rng.uniform(1e-6, 1e-2)) for k in LatencyModel._fields})
-        lm = lm._replace(knee_p=float(rng.uniform(1.0, 8.0)), weights_s=float(rng.uniform(1e-3, 1e-2)),
-                         tile_tokens=float(rng.choice([1, 16, 64])))
+        lm = lm._replace(
+            knee_p=float(rng.uniform(1.0, 8.0)),
+            weights_s=float(rng.uniform(1e-3, 1e-2)),
+            tile_tokens=float(rng.choice([1, 16, 64])),
+        )
         for pt, ds, kv in [(0, 0, 0), (100, 0, 0), (0, 7, 900), (37, 3, 120), (2000, 60, 40_000)]:
             pairs = pt * (pt + 1) / 2
             want = float(step_time(lm, pt, ds, kv, pairs))
@@ -151,9 +164,20 @@ def test_preemption_recomputes_prompt_and_generated_tokens() -> None:
     # gets its 5th token; it10-12 B decodes to 8 tokens.
     node = cont(block_size=4, kv_blocks=4)
     r = simulate([node], [0.0, 0.0], [4, 4], [8, 8], [0, 0])
-    it = [d(4, 0, 0, 10), d(4, 1, 4, 10), d(0, 2, 9, 0), d(0, 2, 11, 0), d(0, 2, 13, 0),
-          d(0, 1, 8, 0), d(0, 1, 9, 0), d(0, 1, 10, 0),
-          d(8, 0, 0, 36), d(0, 1, 8, 0), d(0, 1, 9, 0), d(0, 1, 10, 0)]
+    it = [
+        d(4, 0, 0, 10),
+        d(4, 1, 4, 10),
+        d(0, 2, 9, 0),
+        d(0, 2, 11, 0),
+        d(0, 2, 13, 0),
+        d(0, 1, 8, 0),
+        d(0, 1, 9, 0),
+        d(0, 1, 10, 0),
+        d(8, 0, 0, 36),
+        d(0, 1, 8, 0),
+        d(0, 1, 9, 0),
+        d(0, 1, 10, 0),
+    ]
     ends = np.cumsum(it)
     assert r.ttft.tolist() == [ends[0], ends[1]]
     assert r.finish_time[0] == pytest.approx(ends[7], rel=1e-15)
@@ -194,18 +218,40 @@ def _mixed_episode(
     arrival = np.round(np.cumsum(rng.exponential(0.02, e)), 3)  # rounding makes simultaneous arrivals
     prompt = rng.integers(1, 300, e)
     output = rng.integers(1, 120, e)
-    lm = LatencyModel(**{**_ZERO, "overhead_s": 3e-3, "kernel_fixed_s": 1e-3, "weights_s": 5.5e-3,
-                         "token_s": 2e-5, "knee_p": 4.0, "tile_tokens": 16.0, "attn_fixed_s": 3e-4,
-                         "attn_seq_s": 3e-5,
-                         "kv_token_s": 2.4e-7, "prefill_fixed_s": 1e-4, "prefill_pair_s": 1.3e-9})
+    lm = LatencyModel(
+        **{
+            **_ZERO,
+            "overhead_s": 3e-3,
+            "kernel_fixed_s": 1e-3,
+            "weights_s": 5.5e-3,
+            "token_s": 2e-5,
+            "knee_p": 4.0,
+            "tile_tokens": 16.0,
+            "attn_fixed_s": 3e-4,
+            "attn_seq_s": 3e-5,
+            "kv_token_s": 2.4e-7,
+            "prefill_fixed_s": 1e-4,
+            "prefill_pair_s": 1.3e-9,
+        }
+    )
     nodes = [
         RefNode("continuous", lm, kv_blocks=64, max_num_batched_tokens=256, queue_capacity=20),
         RefNode("dynamic", lm, queue_capacity=10, sleep_timeout=0.5, wake_delay=0.3),
         RefNode("continuous", lm, speed=1.5, sleep_timeout=0.2, wake_delay=0.1),
     ]
     actions = rng.choice(3, e, p=[0.5, 0.3, 0.2])
-    r = simulate(nodes, arrival, prompt, output, actions, drop_penalty=5.0, energy_weight=energy_weight,
-                 ttft_slo=0.5, tpot_slo=0.05, reward=reward)
+    r = simulate(
+        nodes,
+        arrival,
+        prompt,
+        output,
+        actions,
+        drop_penalty=5.0,
+        energy_weight=energy_weight,
+        ttft_slo=0.5,
+        tpot_slo=0.05,
+        reward=reward,
+    )
     return r, arrival, output
 
 
@@ -309,9 +355,17 @@ def _cached(arrival, ids, actions=None, prompt=16, kv_blocks=8, n_nodes=1):
     prompts = np.broadcast_to(prompt, e)
     nodes = [cont(block_size=BS, kv_blocks=kv_blocks, prefix_caching=True)] * n_nodes
     actions = np.zeros(e, int) if actions is None else actions
-    return simulate(nodes, arrival, prompts, np.ones(e, int), actions,
-                    chunk_ids=np.asarray(ids), id_tokens=np.full(e, 16), chunk_tokens=np.full(6, GRAIN),
-                    grain=GRAIN)
+    return simulate(
+        nodes,
+        arrival,
+        prompts,
+        np.ones(e, int),
+        actions,
+        chunk_ids=np.asarray(ids),
+        id_tokens=np.full(e, 16),
+        chunk_tokens=np.full(6, GRAIN),
+        grain=GRAIN,
+    )
 
 
 def test_prefix_cache_evicts_least_recently_released() -> None:
@@ -333,8 +387,11 @@ def test_prefix_hit_leaves_at_least_one_token_to_compute() -> None:
     # block (not chunk) grain; the request still pins every chunk it hit. L = 16: 12 tokens hit, 4
     # prefilled. L = 17: 16 hit, 1 left, which is a decode step over 16 KV tokens. L = 19: 16 hit,
     # 3 prefilled.
-    for length, hit, second in [(16, 12, d(4, 0, 0, 4 * 14.5)), (17, 16, d(0, 1, 16, 0)),
-                                (19, 16, d(3, 0, 0, 3 * 18.0))]:
+    for length, hit, second in [
+        (16, 12, d(4, 0, 0, 4 * 14.5)),
+        (17, 16, d(0, 1, 16, 0)),
+        (19, 16, d(3, 0, 0, 3 * 18.0)),
+    ]:
         r = _cached([0.0, 1.0], [[0, 1], [0, 1]], prompt=length)
         assert r.hit_tokens.tolist() == [0, hit]
         assert r.ttft[1] == second
@@ -350,9 +407,17 @@ def test_prefix_cache_is_per_node() -> None:
 def test_running_requests_share_pinned_chunks() -> None:
     # B arrives while A (same chain, long output) still runs: A's chunks are pinned, B hits them
     # and needs no block for them; without the cache B's 4 blocks would not fit beside A's 5
-    r = simulate([cont(block_size=BS, kv_blocks=6, prefix_caching=True)], [0.0, 0.01], [16, 16], [6, 1],
-                 [0, 0], chunk_ids=[[0, 1], [0, 1]], id_tokens=[16, 16], chunk_tokens=[GRAIN, GRAIN],
-                 grain=GRAIN)
+    r = simulate(
+        [cont(block_size=BS, kv_blocks=6, prefix_caching=True)],
+        [0.0, 0.01],
+        [16, 16],
+        [6, 1],
+        [0, 0],
+        chunk_ids=[[0, 1], [0, 1]],
+        id_tokens=[16, 16],
+        chunk_tokens=[GRAIN, GRAIN],
+        grain=GRAIN,
+    )
     assert r.hit_tokens.tolist() == [0, 12]
     assert r.total_preemptions == 0
     assert r.finish_time[1] < r.finish_time[0]
@@ -399,8 +464,9 @@ def test_dynamic_padding_one_token_prompts_decode() -> None:
 def test_busy_energy_follows_the_work_and_is_capped() -> None:
     # energy of an iteration = static x duration + per iteration + per token + per KV token + per
     # pair, at most tdp x duration: here the prefill hits the cap, the decode does not
-    pw = PowerModel(idle_w=100.0, tdp_w=800.0, static_w=300.0, iteration_j=0.5, token_j=0.01,
-                    kv_token_j=0.001, pair_j=1.0)
+    pw = PowerModel(
+        idle_w=100.0, tdp_w=800.0, static_w=300.0, iteration_j=0.5, token_j=0.01, kv_token_j=0.001, pair_j=1.0
+    )
     r = simulate([cont(power=pw)], [0.0], [10], [2], [0])
     d1, d2 = d(10, 0, 0, 55), d(0, 1, 10, 0)
     e1 = min(800.0 * d1, 300.0 * d1 + 0.5 + 0.1 + 55.0)
@@ -430,8 +496,9 @@ def test_excess_objective_counts_only_what_an_idle_node_would_not() -> None:
     # alone on an idle node a request costs nothing beyond its service time; a dynamic batcher's
     # window is not part of the service time, so it is charged (to e2e and TTFT)
     # (budget 4: the 9-token prompt prefills 4, 4, then a one-token decode step)
-    lone = simulate([cont(max_num_batched_tokens=4)], [0.0], [9], [3], [0], objective="excess",
-                    ttft_weight=1.0)
+    lone = simulate(
+        [cont(max_num_batched_tokens=4)], [0.0], [9], [3], [0], objective="excess", ttft_weight=1.0
+    )
     assert lone.objective == 0.0
     assert lone.service_ttft[0] == lone.ttft[0]
     window = simulate([dyn(max_queue_delay=0.05)], [0.0], [10], [3], [0], objective="excess", ttft_weight=1.0)
@@ -445,8 +512,16 @@ def test_slo_objective_counts_goodput_and_drops() -> None:
     # three requests on a one-batch node: the first meets a TTFT target the queued ones miss,
     # the third is dropped
     node = dyn(max_batch_size=1, queue_capacity=1)
-    r = simulate([node], [0.0, 0.0, 0.0], [4, 4, 4], [1, 1, 1], [0, 0, 0], objective="slo",
-                 ttft_slo=1.5 * d(4, 0, 0, 10), drop_penalty=7.0)
+    r = simulate(
+        [node],
+        [0.0, 0.0, 0.0],
+        [4, 4, 4],
+        [1, 1, 1],
+        [0, 0, 0],
+        objective="slo",
+        ttft_slo=1.5 * d(4, 0, 0, 10),
+        drop_penalty=7.0,
+    )
     assert r.slo_met.tolist() == [True, False, False]
     assert r.goodput == 1
     # all arrive at 0: both finishes and the drop fall in the last step

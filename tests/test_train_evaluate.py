@@ -404,10 +404,26 @@ def test_set_reads_json_and_python_spellings() -> None:
     from agents.cli import parse_settings
     from burstgym import scenarios
 
-    got = parse_settings(["padding=True", "prefix_caching=false", "slots=None", "slot_widths=[32]",
-                          "load=0.9", "power=flat", "speed=[1, 0.5]"])
-    assert got == {"padding": True, "prefix_caching": False, "slots": None, "slot_widths": (32,),
-                   "load": 0.9, "power": "flat", "speed": (1, 0.5)}
+    got = parse_settings(
+        [
+            "padding=True",
+            "prefix_caching=false",
+            "slots=None",
+            "slot_widths=[32]",
+            "load=0.9",
+            "power=flat",
+            "speed=[1, 0.5]",
+        ]
+    )
+    assert got == {
+        "padding": True,
+        "prefix_caching": False,
+        "slots": None,
+        "slot_widths": (32,),
+        "load": 0.9,
+        "power": "flat",
+        "speed": (1, 0.5),
+    }
     scenarios.Settings(**{**got, "n_nodes": 2}).validate()
     with pytest.raises(ValueError, match="key=value"):
         parse_settings(["padding"])
