@@ -29,7 +29,6 @@ from typing import Any, Protocol
 import jax
 import jax.numpy as jnp
 import numpy as np
-from scipy import stats
 
 from agents.routers.base import BatchedRouter
 from burstgym import rollout as jax_rollout
@@ -197,15 +196,3 @@ class Rollout:
             sl = slice(i * n_seeds, (i + 1) * n_seeds)
             out.append(Episodes(cost[sl], {k: v[sl] for k, v in metrics.items()}, ttft[sl], e2e[sl]))
         return out
-
-
-def ci95(x: np.ndarray) -> tuple[float, float]:
-    """Mean and half-width of the 95% confidence interval (Student t over the samples)."""
-    x = np.asarray(x, dtype=np.float64)
-    x = x[np.isfinite(x)]
-    if x.size == 0:
-        return float("nan"), float("nan")
-    if x.size < 2:
-        return float(x.mean()), float("nan")
-    half = stats.t.ppf(0.975, x.size - 1) * x.std(ddof=1) / np.sqrt(x.size)
-    return float(x.mean()), float(half)

@@ -262,7 +262,9 @@ def test_evaluate_writes_table_and_plots(trained, tmp_path):
     assert {"cache_hit_rate", "ttft_mean"} <= set(result["rows"][0])
     for png in ("latency_cdf_prefix.png", "load_share_prefix.png"):  # the regime map: test_evaluate_stats
         assert (out / png).stat().st_size > 1000
-    assert not list(out.glob(".partial-*"))
+    assert result["run"]["id"] and result["run"]["command"][0].endswith("evaluate.py")
+    assert f"Run `{result['run']['id']}`" in md
+    assert sorted(p.name for p in out.parent.iterdir()) == ["results"]  # no staging folder left
 
 
 def test_jax_ppo_trains_through_train_py_and_evaluate_judges_it(tmp_path, monkeypatch):
@@ -360,6 +362,31 @@ def test_evaluate_refuses_bad_input(argv, message, tmp_path, capsys):
     assert code != 0
     assert message in capsys.readouterr().err
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "make_out, message",
+    [
+        (lambda tmp: (tmp / "afile").write_text("x") and tmp / "afile", "exists and is not a folder"),
+        (lambda tmp: (tmp / "afile").write_text("x") and tmp / "afile" / "results", "cannot write into"),
+        (lambda tmp: (tmp / "mine").mkdir() or (tmp / "mine" / "a.txt").write_text("x") and tmp / "mine",
+         "holds files evaluate.py did not write"),
+    ],
+)  # fmt: skip
+def test_evaluate_checks_out_before_any_work(make_out, message, tmp_path, capsys, monkeypatch):
+    """An unusable --out is refused at once (exit 2, one line naming it), before any episode runs."""
+    evaluate = load_script("evaluate")
+
+    def work(*args, **kwargs):
+        raise AssertionError("episodes ran before --out was checked")
+
+    monkeypatch.setattr(evaluate, "run_tasks", work)
+    out = make_out(tmp_path)
+    argv = ["--no-model", "--scenarios", "steady", "--regime-grid", "tiny", "--out", str(out)]
+    assert evaluate.main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and str(out) in err and err.count("\n") == 1
+    assert not list(tmp_path.glob(".*partial*"))
 
 
 @pytest.mark.slow
