@@ -246,14 +246,15 @@ def _dynamic(
     tokens, pairs = batch(mates, view.prompt)
     ttft = _wake(view, nodes) + start + prefill(tokens, pairs)
     steps = jnp.maximum(out - 1.0, 0.0)
-    t_dec = decode(rows, tokens + rows * out / 2.0)
+    grow = jnp.maximum(out - 2.0, 0.0) / 2.0  # mean generated context over the decode iterations
+    t_dec = decode(rows, tokens + rows * grow)
     e2e = ttft + steps * t_dec
 
     # The batch-mates lose a row in every iteration and prefill a longer padded prompt; a batch the
     # request fills launches now rather than when its window expires.
     alone_tokens, alone_pairs = batch(mates)
     slower = prefill(tokens, pairs) - prefill(alone_tokens, alone_pairs)
-    slower = slower + steps * (t_dec - decode(mates, alone_tokens + mates * out / 2.0))
+    slower = slower + steps * (t_dec - decode(mates, alone_tokens + mates * grow))
     sooner = jnp.where(full, jnp.maximum(window - free_at, 0.0), 0.0)
     delay = mates * (slower - sooner)
     return ttft, e2e, delay
