@@ -40,6 +40,7 @@ from typing import Any
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
+import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from scipy import stats  # noqa: E402
@@ -55,6 +56,7 @@ from evaluation.statistics import BASELINE, paired  # noqa: E402
 NAMED = ("steady", "bursty", "bursty-dynamic", "energy", "overload", "prefix", "conversation")
 BOUND = "lookahead"
 TRACE_LOAD = 0.7  # the trace scenario's load (burstgym.scenarios)
+GROUP_BYTES = 2**29  # router states carried by one compiled episode's clusters (see `groups`)
 
 
 @dataclass(frozen=True)
@@ -102,6 +104,30 @@ def fieller(a: np.ndarray, b: np.ndarray, level: float = 0.95) -> tuple[float, f
     disc = max(qb * qb - qa * qc, 0.0)
     root = np.sqrt(disc)
     return ratio, (qb - root) / qa, (qb + root) / qa
+
+
+def state_bytes(router: Any, n_nodes: int) -> int:
+    """Bytes of one cluster's state of `router` (its `init`, shapes only)."""
+    shapes = jax.eval_shape(lambda: router.init(n_nodes))
+    return int(sum(np.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(shapes)))
+
+
+def groups(
+    routers: Sequence[Any], n_nodes: int, n_seeds: int, budget: float = GROUP_BYTES
+) -> list[list[Any]]:
+    """`routers` in consecutive groups, one compiled episode each: every cluster of a call carries
+    the state of every router in it (burstgym.rollout), so a group holds routers while
+    `routers x seeds x their summed state bytes` stays within `budget` (a router past it alone)."""
+    sized = sorted(routers, key=lambda r: state_bytes(r, n_nodes))
+    out: list[list[Any]] = []
+    for r in sized:
+        candidate = (out[-1] if out else []) + [r]
+        total = len(candidate) * n_seeds * sum(state_bytes(x, n_nodes) for x in candidate)
+        if out and total <= budget:
+            out[-1] = candidate
+        else:
+            out.append([r])
+    return out
 
 
 def table_rows(label: str, objective: dict[str, np.ndarray], family: dict[str, str]) -> list[dict[str, Any]]:
@@ -157,7 +183,8 @@ def run_case(
             family[r.name] = r.family
 
     start = time.perf_counter()
-    collect(rollout(cfg, params, rules, seeds), rules)
+    for group in groups(rules, cfg.n_nodes, n):
+        collect(rollout(cfg, params, group, seeds), group)
     timing["rules"] = time.perf_counter() - start
     log(f"  {case.label}: {len(rules)} routers in {timing['rules']:.0f} s")
 
