@@ -22,18 +22,22 @@ for every cluster).
     python -m evaluation.headroom --seeds 10 --episode-length 256 \\
         --trace /path/to/mooncake_synthetic_trace.jsonl --trace /path/to/azure_llm_2023_code.csv
 
-writes `headroom.md`, `headroom.csv` and `headroom.json` into `--out` (default results/headroom).
+writes `headroom.md`, `headroom.csv` and `headroom.json` into `--out` (default results/headroom), and
+each case as it finishes into `--out/cases/` (`--resume` keeps those that ran with the same settings).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import multiprocessing
 import os
 import shlex
 import sys
 import time
 from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -249,6 +253,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default=None, help="a trained model to include (a JAX-runnable policy)")
     p.add_argument("--algo", default=None, help="algorithm of --model (default: from its config.json)")
     p.add_argument("--out", default="results/headroom", help="folder for headroom.{md,csv,json}")
+    p.add_argument("--jobs", type=int, default=1, help="cases run at once, each in its own process")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep the cases already in --out/cases/ that ran with the same seeds, lengths and routers",
+    )
     argv = sys.argv[1:] if argv is None else list(argv)
     args = p.parse_args(argv)
     args.command = shlex.join(["python", "-m", "evaluation.headroom", *argv])
@@ -274,11 +284,32 @@ def _learned(path: str, algo: str | None) -> Any:
     return rule
 
 
+def _case_worker(
+    case: Case,
+    routers: list[str],
+    seeds: list[int],
+    warm_seeds: list[int],
+    episode_length: int,
+    model: tuple[str, str | None] | None,
+) -> dict[str, Any]:
+    """One case in its own process (`headroom`): objectives per router, families, seconds."""
+    learned = _learned(*model) if model else None
+    objective, family, timing = run_case(case, routers, seeds, warm_seeds, episode_length, learned)
+    return {
+        "case": case.label,
+        "objective": {k: v.tolist() for k, v in objective.items()},
+        "family": family,
+        "seconds": timing,
+    }
+
+
 def headroom(args: argparse.Namespace) -> int:
     if args.seeds < 2:
         raise ValueError(f"--seeds must be >= 2 for an interval, got {args.seeds}")
     if args.episode_length < 1:
         raise ValueError(f"--episode-length must be >= 1, got {args.episode_length}")
+    if args.jobs < 1:
+        raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
     unknown = [r for r in args.routers if r not in ROUTERS]
     if unknown:
         raise ValueError(f"unknown router {unknown[0]!r}; valid routers: {', '.join(ROUTERS)}")
@@ -287,25 +318,59 @@ def headroom(args: argparse.Namespace) -> int:
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {args.out!r} is a file")
     todo = cases(args.scenarios, args.trace, args.load)
-    learned = _learned(args.model, args.algo) if args.model else None
+    model = (args.model, args.algo) if args.model else None
+    if model:
+        _learned(*model)  # refused now, not in a worker
     seeds = list(range(args.seed_base, args.seed_base + args.seeds))
     warm_seeds = list(range(args.warm_seed_base, args.warm_seed_base + args.seeds))
-    rows, timings = [], {}
+    settings = {
+        "seeds": seeds,
+        "warm_seeds": warm_seeds,
+        "episode_length": args.episode_length,
+        "routers": routers,
+        "model": args.model,
+    }
+    done_dir = out / "cases"
+    done_dir.mkdir(parents=True, exist_ok=True)
+
+    def case_file(case: Case) -> Path:
+        return done_dir / (case.label.replace(":", "_").replace("/", "_") + ".json")
+
+    results: dict[str, dict[str, Any]] = {}
     for case in todo:
-        print(f"{case.label} ({args.seeds} seeds of {args.episode_length} requests)", flush=True)
-        objective, family, timing = run_case(case, routers, seeds, warm_seeds, args.episode_length, learned)
-        rows += table_rows(case.label, objective, family)
-        timings[case.label] = timing
+        path = case_file(case)
+        if args.resume and path.is_file():
+            kept = json.loads(path.read_text())
+            wanted = json.loads(json.dumps({**settings, "case": dataclasses.asdict(case)}))
+            if kept.get("settings") == wanted:
+                results[case.label] = kept
+                print(f"{case.label}: kept from {path}")
+    # Each case runs in a fresh process (spawned, one case each), so compiled programs and caches
+    # never pile up across cases; --jobs runs several at once.
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=args.jobs, mp_context=context, max_tasks_per_child=1) as pool:
+        futures = {
+            pool.submit(_case_worker, case, routers, seeds, warm_seeds, args.episode_length, model): case
+            for case in todo
+            if case.label not in results
+        }
+        for future in as_completed(futures):
+            case = futures[future]
+            result = {**future.result(), "settings": {**settings, "case": dataclasses.asdict(case)}}
+            case_file(case).write_text(json.dumps(result, indent=1))
+            results[case.label] = result
+            print(f"{case.label}: done, written to {case_file(case)}", flush=True)
+    rows = []
+    for case in todo:
+        r = results[case.label]
+        rows += table_rows(case.label, {k: np.asarray(v) for k, v in r["objective"].items()}, r["family"])
     df = pd.DataFrame(rows)
-    out.mkdir(parents=True, exist_ok=True)
     df.to_csv(out / "headroom.csv", index=False)
     (out / "headroom.md").write_text(markdown(df))
     record = {
         "command": args.command,
-        "seeds": seeds,
-        "warm_seeds": warm_seeds,
-        "episode_length": args.episode_length,
-        "seconds": timings,
+        **settings,
+        "seconds": {label: r["seconds"] for label, r in results.items()},
         "rows": json.loads(df.to_json(orient="records")),
     }
     (out / "headroom.json").write_text(json.dumps(record, indent=1))
