@@ -211,9 +211,8 @@ def print_held_out(records: dict[str, float]) -> None:
 
 def default_teacher(cfg: EnvConfig) -> str:
     """The warm start's teacher for `--bc-teacher auto`: SGLang's cache-aware rule where the nodes
-    cache shared prefixes (it trades cache affinity against load), JSQ elsewhere (where the
-    SGLang rule, finding no prefix match, sends requests to the node with the smallest cache,
-    which ignores load). docs/agents.md has the measurement behind it."""
+    cache shared prefixes (it trades cache affinity against load), JSQ elsewhere. docs/agents.md
+    has the measurement behind it."""
     return "sglang-cache-aware" if cfg.prefix_caching else "jsq"
 
 

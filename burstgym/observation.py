@@ -4,9 +4,9 @@
 arriving request. Routers (agents/routers, `burstgym.routing`) read it; the RL observation is the same
 information normalised into a flat float32 vector in [0, OBS_HIGH].
 
-Load signals (`running`, `waiting`, `kv_util`, `prefill_tokens`, `window_age`, the power state)
-are what metric-scraping routers read from the engines (vLLM's /metrics: running and waiting
-requests, KV-cache usage). With `signal_interval > 0` they are refreshed only at the first
+Load signals (`running`, `waiting`, `kv_util`, `prefill_tokens`, `prompt_tokens`, `window_age`,
+the power state) are what metric-scraping routers read from the engines (vLLM's /metrics: running
+and waiting requests, KV-cache usage) or count themselves (llm-d's in-flight tokens). With `signal_interval > 0` they are refreshed only at the first
 arrival after each multiple of the interval, so the router sees them as they were then
 (llm-d's endpoint picker scrapes every 50 ms; gateway-api-inference-extension
 pkg/epp/backend/metrics). Cache signals (`hit_tokens`, `cached_tokens`) are the engines' own
@@ -14,6 +14,8 @@ caches, exact and current, as a router that follows the engines' KV events sees 
 KV router, llm-d's precise prefix scorer). Routers that keep their own approximate index of what
 they routed (SGLang, vllm-router, llm-d's default, AIBrix) build it from the arriving request's
 chunk ids (`chunk_ids`, `chunk_end`) and the clock, in their own state (agents/routers).
+Static per-node facts a router is configured with: `capacity`, `prefill_rate` (llm-d's calibrated
+peak prefill throughput) and `kv_tokens` (the KV size an LRU index is tuned to).
 
 Observation (per node, `NODE_FEATURES` each, in node order):
 - `running`: requests in the running set (continuous) or the batch in flight (dynamic), over

@@ -87,9 +87,8 @@ class Rule:
         rule's own state restarts with each episode (`view.step == 0`), so a batch of clusters
         that auto-reset keeps no index of an earlier episode's requests."""
         mask = jnp.asarray(mask, bool)
-        fresh = self.init_extra(mask.shape[0])
         start = jnp.asarray(view.step) == 0
-        extra = jax.tree.map(lambda new, old: jnp.where(start, new, old), fresh, state.extra)
+        extra = jax.lax.cond(start, lambda: self.init_extra(mask.shape[0]), lambda: state.extra)
         action, state = self.decide(state._replace(extra=extra), view, mask)
         return action.astype(jnp.int32), state._replace(counter=state.counter + 1)
 
