@@ -65,6 +65,10 @@ from burstgym.types import ASLEEP, BUSY, SCHEDULERS, WAKING, EnvConfig, EnvParam
 from burstgym.workload import Workload
 from burstgym.workload.base import digest
 
+# Expected share of one request's decode that another request on its node runs beside it: for two
+# independent exponential lifetimes of mean m, E[min] = m / 2.
+OVERLAP = 0.5
+
 
 class NodeModel(NamedTuple):
     """What a router is configured with about each node; every field [N]."""
@@ -147,17 +151,17 @@ def weights_of(params: EnvParams) -> Weights:
     return Weights(params.ttft_weight, params.energy_weight, params.drop_penalty)
 
 
-def _prefill_seconds(nodes: NodeModel, tokens, decode, kv) -> jax.Array:
-    """[N] seconds to prefill `tokens` prompt tokens in iterations that share the token budget with
-    `decode` decoding sequences reading `kv` KV tokens (attention pairs excluded: step time is
-    affine in them, so they are added apart)."""
+def _prefill_seconds(nodes: NodeModel, tokens, decode, kv) -> tuple[jax.Array, jax.Array]:
+    """([N] seconds, [N] iterations) to prefill `tokens` prompt tokens in iterations that share the
+    token budget with `decode` decoding sequences reading `kv` KV tokens (attention pairs excluded:
+    step time is affine in them, so they are added apart)."""
     lat = nodes.latency
     chunk = jnp.maximum(nodes.max_num_batched_tokens - decode, 1.0)
     full = jnp.floor(tokens / chunk)
     rest = tokens - full * chunk
     t_full = step_time(lat, chunk, decode, kv, 0.0)
     t_rest = jnp.where(rest > 0, step_time(lat, rest, decode, kv, 0.0), 0.0)
-    return nodes.speed * (full * t_full + t_rest)
+    return nodes.speed * (full * t_full + t_rest), full + (rest > 0)
 
 
 def _pairs_seconds(nodes: NodeModel, pairs) -> jax.Array:
@@ -176,24 +180,31 @@ def _continuous(view: RouterView, nodes: NodeModel, lengths: LengthStats) -> tup
     queued = view.prefill_tokens
     own_pairs = own * (hit + (own + 1.0) / 2.0)
     queued_pairs = queued * (lengths.mean_prompt + 1.0) / 2.0
-    ahead = _prefill_seconds(nodes, queued, d, kv) + _pairs_seconds(nodes, queued_pairs)
-    through = _prefill_seconds(nodes, queued + own, d, kv) + _pairs_seconds(nodes, queued_pairs + own_pairs)
+    ahead, ahead_iterations = _prefill_seconds(nodes, queued, d, kv)
+    through, through_iterations = _prefill_seconds(nodes, queued + own, d, kv)
+    ahead = ahead + _pairs_seconds(nodes, queued_pairs)
+    through = through + _pairs_seconds(nodes, queued_pairs + own_pairs)
     now = nodes.speed * step_time(lat, jnp.minimum(queued, nodes.max_num_batched_tokens), d, kv, 0.0)
     residual = jnp.where(view.phase == BUSY, 0.5 * now, 0.0)
     ttft = _wake(view, nodes) + residual + through
 
     others = view.running + view.waiting
     out = lengths.mean_output
+    steps = jnp.maximum(out - 1.0, 0.0)
     grow = jnp.maximum(out - 2.0, 0.0) / 2.0  # mean extra context of a sequence over its decode
-    batch = others + 1.0
-    context = kv + queued + prompt + batch * grow
+    # Each request already on the node shares a fraction OVERLAP of this one's decode iterations.
+    batch = 1.0 + OVERLAP * others
+    context = OVERLAP * (kv + queued) + prompt + batch * grow
     t_dec = nodes.speed * step_time(lat, 0.0, batch, context, 0.0)
-    e2e = ttft + jnp.maximum(out - 1.0, 0.0) * t_dec
+    e2e = ttft + steps * t_dec
 
-    t_without = nodes.speed * step_time(lat, 0.0, others, context - prompt - grow, 0.0)
-    per_iteration = t_dec - jnp.where(others > 0, t_without, 0.0)
-    overlap = 0.5 * jnp.maximum(out - 1.0, 0.0)
-    delay = others * ((through - ahead) + overlap * per_iteration)
+    t_without = nodes.speed * step_time(lat, 0.0, batch - 1.0, context - prompt - grow, 0.0)
+    per_iteration = t_dec - jnp.where(batch > 1.0, t_without, 0.0)
+    # The others lose what the request's prefill adds to iterations that run anyway: its chunks'
+    # time beyond a decode-only iteration of the running sequences.
+    decode_only = jnp.where(d > 0, nodes.speed * step_time(lat, 0.0, d, kv, 0.0), 0.0)
+    slower_prefill = (through - ahead) - (through_iterations - ahead_iterations) * decode_only
+    delay = others * slower_prefill + OVERLAP * others * steps * per_iteration
     return ttft, e2e, delay
 
 
