@@ -12,7 +12,7 @@ engine), before the drain.
 It is a greedy one-step policy with perfect information about the requests already routed, not
 the optimum: it knows every output length, but judges each decision as if it were the last (or the
 last but k), so it can lose to a router whose choices pay off later (filling a batching window,
-letting a node sleep). The headroom experiment (`agents.headroom`) reports each router's gain
+letting a node sleep). The headroom table (`evaluation.headroom`) reports each router's gain
 against it; where a router beats it, the table shows that too.
 
 The candidates are vectorised: the N forks are one batch of the core's batched step, so their slot

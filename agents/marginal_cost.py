@@ -18,11 +18,13 @@ leading blocks, at least its last token computed, as vLLM's `get_computed_blocks
 `ceil((Q + u) / (budget - d))` iterations, each `step_time(chunk, d, K)`, plus the attention pairs of
 its own prompt over its cached prefix (`u (h + (u + 1) / 2)`, the step time is affine in pairs) and
 of the queued prompts (taken as mean prompts from scratch). Then it decodes `mean output - 1`
-iterations in a batch of every request now on the node plus itself (`step_time(0, b, K')`, `K'` their
-context as it grows). What it adds to the others: every iteration that carries its tokens is slower
-for every sequence in it. During its prefill each request on the node waits the extra prefill time;
-during its decode each waits one more sequence's decode cost per iteration for as long as both run
-(half the mean output: the expected overlap of two independent exponential lifetimes of that mean).
+iterations (`step_time(0, b, K')`) in a batch of itself and, on average, `OVERLAP` = half of every
+request now on the node: each shares half of its decode (the expected overlap of two independent
+exponential lifetimes of the mean, E[min] = m / 2), and `K'` is their context likewise weighted, as it
+grows. What it adds to the others: every iteration that carries its tokens is slower for every
+sequence in it. During its prefill each request on the node waits what its chunks add beyond the
+decode-only iterations of the running sequences that would run anyway; during its decode each waits
+one more sequence's decode cost per iteration for the overlap (`OVERLAP` x its decode iterations).
 Half an iteration is added when the node is busy (the router does not see where the running
 iteration is), the wake-up delay when it sleeps.
 
@@ -66,7 +68,8 @@ from burstgym.workload import Workload
 from burstgym.workload.base import digest
 
 # Expected share of one request's decode that another request on its node runs beside it: for two
-# independent exponential lifetimes of mean m, E[min] = m / 2.
+# independent exponential lifetimes of mean m, E[min] = m / 2 (the workloads' output lengths are
+# log-normal, not exponential: an assumption of the model, whose error docs/headroom.md measures).
 OVERLAP = 0.5
 
 

@@ -19,6 +19,7 @@ from burstgym.observation import action_mask
 from burstgym.rollout import rollout
 
 E = 16
+ALL = np.ones(3, bool)  # every node of the 3-node clusters allowed
 
 
 @functools.lru_cache(maxsize=4)
@@ -29,9 +30,9 @@ def _setup(scenario: str):
     others = [make_rule(n) for n in ("round-robin", "jsq", "least-tokens", "least-kv")]
 
     @jax.jit
-    def decide(state, rstate):
+    def decide(state, rstate, allow):
         view = core.view(state, params)
-        mask = action_mask(view)
+        mask = action_mask(view) & allow
         costs = bound.costs(state, params)
         action, rstate = bound.act(rstate, view, mask, state, params)
         picks = [r.act(r.init(cfg.n_nodes), view, mask)[0] for r in others]
@@ -48,7 +49,7 @@ def _episode(scenario: str, seed: int):
     rstate = bound.init(cfg.n_nodes)
     out = []
     for _ in range(E):
-        costs, action, rstate, mask, picks = decide(state, rstate)
+        costs, action, rstate, mask, picks = decide(state, rstate, ALL)
         out.append((np.asarray(costs), int(action), np.asarray(mask), np.asarray(picks), state))
         _, state, *_ = step(state, action, params)
     return out, state
@@ -88,10 +89,32 @@ def test_horizon_routes_the_next_arrivals_with_the_base_router():
     decisions, _ = _episode("bursty", 2)
     costs, _, _, _, state = decisions[4]
     drained = dataclasses.replace(cfg, workload=None, end="drain")
-    far = jax.jit(lambda s: forked_costs(BurstBalance(drained), s, params, 3, make_rule("jsq")))(state)
-    near = jax.jit(lambda s: forked_costs(BurstBalance(drained), s, params, 0))(state)
-    np.testing.assert_allclose(np.asarray(near), costs, rtol=1e-6)
-    assert np.all(np.asarray(far) > np.asarray(near))
+    far = jax.jit(lambda s: forked_costs(BurstBalance(drained), s, params, 3, make_rule("jsq")))
+    near = jax.jit(lambda s: forked_costs(BurstBalance(drained), s, params, 0))
+    np.testing.assert_allclose(np.asarray(near(state)), costs, rtol=1e-6)
+    assert np.all(np.asarray(far(state)) > np.asarray(near(state)))
+    # At the episode's last arrival there is nothing left to follow: the horizon ends with the episode.
+    last, _, _, _, state = decisions[E - 1]
+    np.testing.assert_allclose(np.asarray(far(state)), np.asarray(near(state)), rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(near(state)), last, rtol=1e-6)
+
+
+def test_ties_rotate_and_excluded_nodes_are_never_taken():
+    """On the empty cluster every fork costs the same, so the choice rotates with the counter (an
+    empty cluster is not always fed through node 0); a node the mask excludes is never taken, even
+    where its fork is the cheapest."""
+    cfg, params, core, bound, decide, _ = _setup("bursty")
+    decisions, _ = _episode("bursty", 3)
+    costs, _, _, _, first = decisions[0]
+    assert np.all(costs == costs[0])
+    for counter in range(cfg.n_nodes):
+        rstate = bound.init(cfg.n_nodes)._replace(counter=jnp.int32(counter))
+        assert int(decide(first, rstate, ALL)[1]) == counter
+    costs, action, _, _, state = next(d for d in decisions if np.ptp(d[0]) > 0)
+    allow = ALL.copy()
+    allow[action] = False
+    _, second, _, mask, _ = decide(state, bound.init(cfg.n_nodes), allow)
+    assert int(second) != action and costs[int(second)] == costs[np.asarray(mask)].min()
 
 
 def test_engine_runs_it_through_reads_state_as_stepped():
