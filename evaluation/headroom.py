@@ -5,7 +5,7 @@ random numbers) as round-robin and the `lookahead` bound (`agents.lookahead`: it
 per node and drains it with the true output lengths). Per router:
 
 - its gain over round-robin: the paired difference of the objective over the seeds, in % of
-  round-robin's mean, with its 95% Student-t interval (negative: better than round-robin);
+  round-robin's mean, with its 95% Student-t interval (positive: better than round-robin);
 - its share of the lookahead's gain, `mean(RR - X) / mean(RR - lookahead)` over the same seeds,
   with its 95% Fieller interval for a ratio of paired means (Fieller, J. R. Stat. Soc. B 16, 1954):
   bounded only where the lookahead's own gain is resolved (its interval excludes zero), else
@@ -15,9 +15,9 @@ per node and drains it with the true output lengths). Per router:
 Routers: every rule of `agents.routers`, `marginal-cost` (configured with the scenario's nodes and
 lengths), `predicted-latency` (llm-d's predictor, warm-started on episodes of other seeds of the
 same scenario, `--warm-seed-base`), an optional learned model (`--model`), and the bound. The rules
-and marginal-cost share one compiled episode; predicted-latency and the bound, which read the
-cluster's state, run in their own (on an accelerator a shared call would run every router's branch
-for every cluster).
+and marginal-cost run in compiled episodes grouped so that the router states their clusters carry
+stay bounded (`groups`); predicted-latency and the bound, which read the cluster's state, run in
+their own (on an accelerator a shared call would run every router's branch for every cluster).
 
     python -m evaluation.headroom --seeds 10 --episode-length 256 \\
         --trace /path/to/mooncake_synthetic_trace.jsonl --trace /path/to/azure_llm_2023_code.csv
@@ -303,6 +303,31 @@ def _case_worker(
     }
 
 
+def case_file(folder: Path, case: Case) -> Path:
+    """Where one case's result is written as it finishes (`--out/cases/`)."""
+    return folder / (case.label.replace(":", "_").replace("/", "_") + ".json")
+
+
+def kept(todo: Sequence[Case], settings: dict[str, Any], folder: Path) -> dict[str, dict[str, Any]]:
+    """The results already in `folder` of the cases of `todo` that ran with exactly `settings`
+    (seeds, warm-up seeds, episode length, routers, model) and the same case settings (`--resume`);
+    a case run otherwise is run again."""
+    out = {}
+    for case in todo:
+        path = case_file(folder, case)
+        if not path.is_file():
+            continue
+        try:
+            result = json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}: not a case's JSON ({e}); delete it to run the case again") from e
+        wanted = json.loads(json.dumps({**settings, "case": dataclasses.asdict(case)}))
+        if result.get("settings") == wanted:
+            out[case.label] = result
+            print(f"{case.label}: kept from {path}")
+    return out
+
+
 def headroom(args: argparse.Namespace) -> int:
     if args.seeds < 2:
         raise ValueError(f"--seeds must be >= 2 for an interval, got {args.seeds}")
@@ -333,18 +358,7 @@ def headroom(args: argparse.Namespace) -> int:
     done_dir = out / "cases"
     done_dir.mkdir(parents=True, exist_ok=True)
 
-    def case_file(case: Case) -> Path:
-        return done_dir / (case.label.replace(":", "_").replace("/", "_") + ".json")
-
-    results: dict[str, dict[str, Any]] = {}
-    for case in todo:
-        path = case_file(case)
-        if args.resume and path.is_file():
-            kept = json.loads(path.read_text())
-            wanted = json.loads(json.dumps({**settings, "case": dataclasses.asdict(case)}))
-            if kept.get("settings") == wanted:
-                results[case.label] = kept
-                print(f"{case.label}: kept from {path}")
+    results = kept(todo, settings, done_dir) if args.resume else {}
     # Each case runs in a fresh process (spawned, one case each), so compiled programs and caches
     # never pile up across cases; --jobs runs several at once.
     context = multiprocessing.get_context("spawn")
@@ -357,9 +371,12 @@ def headroom(args: argparse.Namespace) -> int:
         for future in as_completed(futures):
             case = futures[future]
             result = {**future.result(), "settings": {**settings, "case": dataclasses.asdict(case)}}
-            case_file(case).write_text(json.dumps(result, indent=1))
+            # Written whole or not at all, so an interrupted run leaves no half-written case.
+            partial = case_file(done_dir, case).with_suffix(".partial")
+            partial.write_text(json.dumps(result, indent=1))
+            partial.replace(case_file(done_dir, case))
             results[case.label] = result
-            print(f"{case.label}: done, written to {case_file(case)}", flush=True)
+            print(f"{case.label}: done, written to {case_file(done_dir, case)}", flush=True)
     rows = []
     for case in todo:
         r = results[case.label]
