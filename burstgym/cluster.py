@@ -165,7 +165,7 @@ def _handle_events(
     # 1. An iteration (or a run) ends: tokens land, first tokens and finishes are recorded.
     ending = active & (nodes.phase == BUSY)
     res = jax.vmap(scheduler.finish_iteration)(
-        slots, nodes.repeat, nodes.iter_start, nodes.run_d0, nodes.run_growth
+        slots, nodes.repeat, nodes.iter_start, nodes.run_d0, nodes.run_growth, params.nodes.latency.frontend_s
     )
     done = res.finished & ending[:, None]
     if geo is not None:

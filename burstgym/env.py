@@ -70,7 +70,8 @@ class _Step(NamedTuple):
 
 
 def service_times(requests: Requests, params: EnvParams, cfg: EnvConfig) -> Service:
-    """Each request's TTFT and e2e alone on an idle node with an empty cache (the fastest node).
+    """Each request's TTFT and e2e alone on an idle node with an empty cache (the fastest node),
+    front-end latency included.
 
     Continuous batching prefills the prompt in chunks of the token budget; dynamic batching
     prefills it in one iteration. A one-token last chunk (or prompt) is a decode step, as the
@@ -106,6 +107,7 @@ def service_times(requests: Requests, params: EnvParams, cfg: EnvConfig) -> Serv
             ttft = speed * step_time(lat, pf, jnp.where(one, 1.0, 0.0), 0.0, pf * (pf + 1.0) / 2.0)
         d0 = speed * step_time(lat, 0.0, 1.0, prompt, 0.0)
         slope = speed * step_time(lat, 0.0, 1.0, prompt + 1.0, 0.0) - d0
+        ttft = ttft + lat.frontend_s  # the client gets the first token after the front end
         return ttft, ttft + steps * d0 + slope * steps * (steps - 1.0) / 2.0
 
     ttft, e2e = jax.vmap(one)(p.latency, p.speed, p.max_num_batched_tokens)
@@ -228,7 +230,9 @@ class BurstBalance:
         gap = req.arrival[k + 1] - req.arrival[k]
         until = jnp.where(last & (cfg.end == "drain"), 0.0, gap).astype(gap.dtype)
         zero = jnp.zeros(cfg.n_nodes, gap.dtype)
-        acc = Accrual(zero, zero, zero)
+        # the front-end latency adds to an accepted request's TTFT and e2e: charged when it is routed
+        lump = zero.at[node].set(jnp.where(r.dropped, 0.0, params.nodes.latency.frontend_s[node]))
+        acc = Accrual(lump, lump, zero)
         geo = cluster.geometry(r.slots, req, state.cache, cfg)
         c, acc, runaway = cluster.advance(
             Cluster(r.slots, r.nodes, state.cache), acc, until, jnp.bool_(False), geo, params, cfg

@@ -59,6 +59,9 @@ _LATENCY_FIELDS = (
     "prefill_pair_s",
     "allreduce_fixed_s",
     "allreduce_token_s",
+    "expert_weights_s",
+    "expert_fraction",
+    "frontend_s",
 )
 _POWER_FIELDS = ("idle_w", "tdp_w", "static_w", "iteration_j", "token_j", "kv_token_j", "pair_j")
 
@@ -127,8 +130,8 @@ class RefResult:
 
     node: np.ndarray  # [E] int64, node each request was routed to
     dropped: np.ndarray  # [E] bool
-    first_token_time: np.ndarray  # [E] float64, absolute time of the first output token
-    finish_time: np.ndarray  # [E] float64, absolute time of the last output token
+    first_token_time: np.ndarray  # [E] float64, absolute time the client gets the first output token
+    finish_time: np.ndarray  # [E] float64, absolute time the client gets the last output token
     ttft: np.ndarray  # [E] float64, first_token_time - arrival (finished requests)
     e2e_latency: np.ndarray  # [E] float64, finish_time - arrival
     tpot: np.ndarray  # [E] float64, (finish - first token) / (O - 1), 0 when O == 1
@@ -162,9 +165,10 @@ def _step_time(
         return 0.0
     tiled = math.ceil(tokens / lat.tile_tokens) * lat.tile_tokens  # GEMMs compute whole row tiles
     compute = lat.token_s * tiled + lat.logits_seq_s * decode_seqs
-    top = max(lat.weights_s, compute, sys.float_info.min)
+    weights = lat.weights_s + lat.expert_weights_s * (1.0 - (1.0 - lat.expert_fraction) ** tokens)
+    top = max(weights, compute, sys.float_info.min)
     p = lat.knee_p
-    linear = top * ((lat.weights_s / top) ** p + (compute / top) ** p) ** (1.0 / p)
+    linear = top * ((weights / top) ** p + (compute / top) ** p) ** (1.0 / p)
     t = lat.overhead_s + lat.overhead_seq_s * decode_seqs + lat.kernel_fixed_s
     t += linear + lat.elementwise_token_s * tokens
     if decode_seqs > 0:
@@ -308,11 +312,11 @@ class _Node:
         s = self.s
         s.generated[i] += 1
         if s.generated[i] == 1:
-            s.first_token[i] = tau
+            s.first_token[i] = tau + self.lat.frontend_s  # the client gets it after the front end
             self.no_token -= 1
         if s.generated[i] < s.output[i]:
             return False
-        s.finish[i] = tau
+        s.finish[i] = tau + self.lat.frontend_s
         s.finish_step[i] = s.step
         self.in_node -= 1
         return True
@@ -362,6 +366,9 @@ class _Node:
         """Accept request `i` at its arrival time `t` (the node's clock is already at `t`)."""
         self.in_node += 1
         self.no_token += 1
+        # the front-end latency adds to the request's TTFT and e2e: charged when it is accepted
+        self.s.step_latency[self.s.step] += self.lat.frontend_s
+        self.s.step_ttft[self.s.step] += self.lat.frontend_s
         self.enqueue(i)
         if self.phase == _ASLEEP:
             self.phase, self.wake_end = _WAKING, t + self.cfg.wake_delay

@@ -552,13 +552,14 @@ class IterationResult(NamedTuple):
 
 
 def finish_iteration(
-    slots: Slots, repeat: jax.Array, start: jax.Array, d0: jax.Array, growth: jax.Array
+    slots: Slots, repeat: jax.Array, start: jax.Array, d0: jax.Array, growth: jax.Array, frontend: jax.Array
 ) -> IterationResult:
     """Apply the scheduled tokens: KV grows, a sequence that reaches its length emits a token.
 
     `repeat` = m > 1 ends a run of identical decode iterations (`decode_run`) that began at
     `start`: a decoding sequence emits min(m, tokens it still owes) tokens, and one that finishes
-    at the k-th iteration of the run finishes at `start + k d0 + growth k (k - 1) / 2`.
+    at the k-th iteration of the run finishes at `start + k d0 + growth k (k - 1) / 2`. The client
+    gets each token `frontend` seconds after it is emitted (`LatencyModel.frontend_s`).
     """
     seq_len = slots.prompt + slots.generated
     scheduled = slots.sched > 0
@@ -575,8 +576,8 @@ def finish_iteration(
         generated=generated,
         sched=jnp.zeros_like(slots.sched),
         status=jnp.where(finished, DONE, slots.status),
-        ttft=jnp.where(first, at - slots.arrival, slots.ttft),
-        e2e=jnp.where(finished, at - slots.arrival, slots.e2e),
+        ttft=jnp.where(first, at + frontend - slots.arrival, slots.ttft),
+        e2e=jnp.where(finished, at + frontend - slots.arrival, slots.e2e),
     )
     return IterationResult(new, finished)
 

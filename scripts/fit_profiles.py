@@ -4,7 +4,8 @@
 
 Reads shared/data/calibration (or $BURSTGYM_SHARED_DATA/calibration; see its SOURCES.md) and
 1. fits one set of kernel constants per GPU to Vidur's kernel timings (linear layers, attention,
-   all-reduce); the H200's are derived from the H100's;
+   all-reduce); the H200's are derived from the H100's, the L40S's from the A100's and its datasheet;
+   writes each GPU's constants to burstgym/latency/gpus/ (profiles of any model and TP compose on them);
 2. fits the engine calibrations (burstgym/latency/engines/*.json): ``splitwise-2023`` to Splitwise's
    end-to-end Llama-2-70B runs, ``distserve-vllm`` to DistServe's vLLM decode fit, ``vllm-ci`` to
    vLLM's CI latency tests (`burstgym.latency.validate`);
@@ -35,7 +36,7 @@ from burstgym.latency.fit import (
     subset,
 )
 from burstgym.latency.power import derive_energy
-from burstgym.latency.profiles import PROFILES_DIR, GPUConstants, build_profile
+from burstgym.latency.profiles import GPUS_DIR, PROFILES_DIR, GPUConstants, GPUFamily, build_profile
 from burstgym.latency.sources import (
     data_dir,
     read_vidur_allreduce,
@@ -74,7 +75,21 @@ HARDWARE = {
         "hbm_bw": 4.8e12,
         "peak_flops": 989e12,
     },
+    # NVIDIA L40S datasheet: 48 GB GDDR6 (46068 MiB as nvidia-smi reports it), 864 GB/s, 362.05 TFLOPS
+    # dense FP16/BF16 tensor (733 with sparsity), 350 W, PCIe Gen4 x16 (64 GB/s bidirectional), no
+    # NVLink. Idle power is an assumption, not a measurement.
+    "l40s": {
+        "name": "L40S-48GB",
+        "memory_bytes": 46068 * MIB,
+        "busy_w": 350.0,
+        "idle_w": 35.0,
+        "hbm_bw": 864e9,
+        "peak_flops": 362.05e12,
+        "link_bw": 32e9,  # PCIe Gen4 x16, one direction
+    },
 }
+# NVLink 3 of the A100 SXM4: 600 GB/s per GPU, 300 GB/s one direction (A100 datasheet).
+A100_LINK_BW = 300e9
 PROFILES = [  # (gpu, model, tp)
     ("h100", "llama-2-7b", 1),
     ("h100", "llama-3-8b", 1),
@@ -159,6 +174,29 @@ def fit_kernels(root: Path) -> tuple[dict[str, GPUConstants], dict]:
             "attn_bw": h100.attn_bw * bw_scale,
         }
     )
+    # L40S: no kernel data. The A100 fit (the other non-Hopper GPU) with the bandwidth-bound constants
+    # scaled by the datasheet memory bandwidth ratio (864 / 2039 GB/s), the compute-bound ones by the
+    # dense BF16 ratio (362 / 312 TFLOP/s), fixed costs kept; all-reduce over PCIe: the A100's NCCL
+    # latency with its bandwidth scaled by one PCIe Gen4 x16 direction over one NVLink 3 direction.
+    a100, hw, ref = gpus["a100"], HARDWARE["l40s"], HARDWARE["a100"]
+    bw, fl, link = (
+        hw["hbm_bw"] / ref["hbm_bw"],
+        hw["peak_flops"] / ref["peak_flops"],
+        hw["link_bw"] / A100_LINK_BW,
+    )
+    gpus["l40s"] = GPUConstants(
+        **{
+            **a100.__dict__,
+            "name": hw["name"],
+            "memory_bytes": float(hw["memory_bytes"]),
+            "mem_bw": a100.mem_bw * bw,
+            "elementwise_bw": a100.elementwise_bw * bw,
+            "attn_bw": a100.attn_bw * bw,
+            "flops": a100.flops * fl,
+            "attn_flops": a100.attn_flops * fl,
+            "allreduce": {tp: [alpha, beta * link] for tp, (alpha, beta) in a100.allreduce.items()},
+        }
+    )
     info = {
         "attention": att_report,
         "linear": reports,
@@ -175,7 +213,7 @@ def fit_energies(root: Path, gpus: dict[str, GPUConstants]) -> tuple[dict, dict]
     ref, ref_rates = HARDWARE["a100"], (gpus["a100"].mem_bw, gpus["a100"].flops)
     p_mem, p_comp = a100.roof_powers(ref_rates)
     energies = {"a100": a100}
-    for gpu in ("h100", "h200"):
+    for gpu in ("h100", "h200", "l40s"):
         hw = HARDWARE[gpu]
         energies[gpu] = derive_energy(
             a100,
@@ -196,10 +234,23 @@ def fit_energies(root: Path, gpus: dict[str, GPUConstants]) -> tuple[dict, dict]
 
 POWER_SOURCES = (
     "per node = per GPU x TP. Energy roofline (Choi et al., IPDPS 2013): A100 constants fitted to "
-    "Splitwise's measured average power; H100/H200 derived from them (not measured). Limit = TDP from "
-    "NVIDIA datasheets (A100 SXM4 400 W, H100 SXM5 700 W, H200 SXM 700 W); idle = assumption "
-    "(A100 50 W, H100 70 W, H200 75 W, typical idle nvidia-smi draw), not measured"
+    "Splitwise's measured average power; H100/H200/L40S derived from them (not measured). Limit = TDP "
+    "from NVIDIA datasheets (A100 SXM4 400 W, H100 SXM5 700 W, H200 SXM 700 W, L40S 350 W); idle = "
+    "assumption (A100 50 W, H100 70 W, H200 75 W, L40S 35 W, typical idle nvidia-smi draw), not measured"
 )
+GPU_DETAIL = {
+    "a100": ("measured", "kernel constants fitted to Vidur A100 kernel timings"),
+    "h100": ("measured", "kernel constants fitted to Vidur H100 kernel timings"),
+    "h200": (
+        "derived",
+        "H100 kernel fit with the H200's HBM bandwidth (4.8 vs 3.35 TB/s) and memory (141 GB)",
+    ),
+    "l40s": (
+        "derived",
+        "A100 kernel fit scaled by the L40S datasheet (864 GB/s, 362 TFLOP/s dense BF16, 48 GB); "
+        "all-reduce over PCIe Gen4 (A100 NCCL bandwidth x 32/300); no L40S data",
+    ),
+}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -257,6 +308,41 @@ def main(argv: list[str] | None = None) -> int:
         }
         for r in engines["splitwise-2023"].provenance["report"]["heldout"]
     }
+    if not args.check:
+        GPUS_DIR.mkdir(parents=True, exist_ok=True)
+    for gpu, const in gpus.items():
+        kind, detail = GPU_DETAIL[gpu]
+        fit_gpu = {"h200": "h100", "l40s": "a100"}.get(gpu, gpu)
+        family = GPUFamily(
+            key=gpu,
+            gpu=const,
+            energy=energies[gpu],
+            idle_w=HARDWARE[gpu]["idle_w"],
+            busy_w=HARDWARE[gpu]["busy_w"],
+            provenance={
+                "kind": kind,
+                "detail": detail,
+                "source_files": kern["files"][fit_gpu]
+                + [
+                    f"vidur/network/{fit_gpu}_dgx/all_reduce.csv",
+                    "vidur/attention_samples_a100_llama3_8b.csv",
+                ],
+                "source_data": "shared/data/calibration (Vidur @ 7d47513, MIT; Splitwise @ 8f99e7d, MIT) and "
+                "NVIDIA datasheets",
+                "fit_error": {
+                    "linear_heldout_mape": kern["linear"][fit_gpu]["heldout_mape"],
+                    "attention_heldout_mape_a100_llama3_8b": kern["attention"]["heldout_mape"],
+                    "allreduce_heldout_mape": {
+                        tp: rep["heldout_mape"] for tp, (_, rep) in kern["allreduce"][fit_gpu].items()
+                    },
+                },
+                "power_sources": POWER_SOURCES,
+                "fit_date": today,
+                "generated_by": "scripts/fit_profiles.py",
+            },
+        )
+        if not args.check:
+            (GPUS_DIR / f"{gpu}.json").write_text(json.dumps(family.to_dict(), indent=2) + "\n")
     written = []
     for gpu, model_name, tp in PROFILES:
         model = load_model_config(model_name)

@@ -231,3 +231,43 @@ def test_kernels_subcommand_is_the_legacy_command(capsys: pytest.CaptureFixture[
     with pytest.raises(SystemExit):
         cal.main(["kernels", "--model", "gpt-9", "--device", "cpu"])
     assert "llama-3-8b" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (["--max-tokens", "-5"], "--max-tokens"),
+        (["--max-tokens", "32"], "--max-tokens"),
+        (["--max-tokens", "1e3"], "--max-tokens"),
+        (["--warmup", "-1"], "--warmup"),
+        (["--repeats", "0"], "--repeats"),
+        (["--tp", "0"], "--tp"),
+        (["--threads", "0"], "--threads"),
+        (["--gpu-idle-w", "-3"], "--gpu-idle-w"),
+        (["--gpu-busy-w", "nan"], "--gpu-busy-w"),
+        (["--gpu-busy-w", "inf"], "--gpu-busy-w"),
+    ],
+)
+def test_bad_kernel_flags_are_refused_in_one_line_before_timing(
+    flags: list[str], named: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def never(*args: object, **kwargs: object) -> None:
+        raise AssertionError("timing started")
+
+    monkeypatch.setattr(cal, "calibrate", never)
+    with pytest.raises(SystemExit) as exit_info:
+        cal.main(["--model", "tiny-llama", "--device", "cpu", *flags])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"argument {named}:" in err, err
+
+
+def test_calibrate_function_refuses_bad_arguments(tmp_path: Path) -> None:
+    for kwargs, named in (
+        ({"max_tokens": -5}, "max_tokens"),
+        ({"repeats": 0}, "repeats"),
+        ({"tp": 0}, "tp"),
+        ({"gpu_busy_w": float("nan")}, "gpu_busy_w"),
+    ):
+        with pytest.raises(ValueError, match=named):
+            cal.calibrate("tiny-llama", "cpu", tmp_path / "x.json", show_progress=False, **kwargs)

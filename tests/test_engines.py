@@ -43,7 +43,7 @@ REPORTED_VLLM_CI_LEAVE_ONE_GPU_OUT = 0.066  # worst |error| of an end-to-end lat
 
 
 def test_shipped_engines_and_default() -> None:
-    assert {"splitwise-2023", "distserve-vllm", "vllm-ci", "kernels"} <= set(list_engines())
+    assert {"splitwise-2023", "distserve-vllm", "vllm-ci", "vllm-serve", "kernels"} <= set(list_engines())
     assert DEFAULT_ENGINE == "vllm-ci"
     for name in list_profiles():
         p = load_profile(name)
@@ -104,6 +104,48 @@ def test_engine_moves_only_its_coefficients() -> None:
     # At TP1 there is no all-reduce, whatever the engine says.
     one = apply_engine(compose_kernels(p.gpu, model, 1, serving=False), terms, model, 1)
     assert one.allreduce_fixed_s == 0 and one.allreduce_token_s == 0
+
+
+def test_kernel_factors_and_front_end_move_what_they_name() -> None:
+    """layer_factor scales the per-layer fixed kernel times, compute_factor the FLOP times,
+    weights_factor the weight streaming (dense and expert), elementwise_factor the element-wise
+    time; frontend_s is a per-request latency outside the iteration."""
+    p = load_profile("h100-mixtral-8x7b-tp2")
+    kernels = compose_kernels(p.gpu, p.model, p.tp, serving=False)
+    terms = EngineTerms(
+        layer_factor=0.5, compute_factor=0.8, weights_factor=1.1, elementwise_factor=0.7, frontend_s=0.01
+    )
+    lat = apply_engine(kernels, terms, p.model, p.tp)
+    scaled = {
+        "kernel_fixed_s": 0.5, "attn_fixed_s": 0.5, "prefill_fixed_s": 0.5, "token_s": 0.8,
+        "logits_seq_s": 0.8, "prefill_pair_s": 0.8, "weights_s": 1.1, "expert_weights_s": 1.1,
+        "elementwise_token_s": 0.7,
+    }  # fmt: skip
+    for field, factor in scaled.items():
+        assert float(getattr(lat, field)) == pytest.approx(factor * float(getattr(kernels, field))), field
+    assert lat.frontend_s == pytest.approx(0.01)
+    for field in set(lat._fields) - set(scaled) - {"frontend_s", "allreduce_fixed_s"}:
+        assert getattr(lat, field) == getattr(kernels, field), field
+
+
+def test_vllm_serve_engine_is_fitted_to_the_inference_sim_runs() -> None:
+    """The served-vLLM engine: an API front end of ~11 ms per request, a per-iteration overhead of
+    ~2 ms, CUDA graphs hiding most of the profiled per-layer launch time; fitted on H100 runs of
+    Llama-2-7B and CodeLlama-34B only."""
+    engine = load_engine("vllm-serve")
+    t = engine.gpus["h100"]
+    assert engine.default_gpu == "h100" and engine.provenance["fitted_models"] == [
+        "llama-2-7b",
+        "codellama-34b",
+    ]
+    assert 0.005 < t.frontend_s < 0.02 and 0.0005 < t.overhead_s < 0.005 and t.layer_factor < 0.5
+    assert all("inference-sim/training@ab8e76b" in f for f in engine.provenance["source_files"])
+    assert not any(
+        "70b" in f or "mixtral" in f or "reasoning" in f for f in engine.provenance["source_files"]
+    )
+    served, offline = (load_profile("h100-llama-2-70b-tp4", engine=e) for e in ("vllm-serve", "vllm-ci"))
+    assert float(served.latency.frontend_s) == pytest.approx(t.frontend_s)
+    assert float(offline.latency.frontend_s) == 0.0
 
 
 def test_recomposing_with_an_engine_changes_only_latency() -> None:

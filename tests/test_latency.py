@@ -209,6 +209,25 @@ def test_cli_show(capsys: pytest.CaptureFixture[str]) -> None:
     assert "unknown engine" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (["--batches", "-1", "0"], "--batches"),
+        (["--batches", "0"], "--batches"),
+        (["--contexts", "0"], "--contexts"),
+        (["--contexts", "x"], "--contexts"),
+    ],
+)
+def test_cli_show_refuses_bad_flags_in_one_line(
+    flags: list[str], named: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        latency.main(["show", "h100-llama-3-8b-tp1", *flags])
+    assert exit_info.value.code == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1 and f"argument {named}:" in captured.err
+
+
 def test_cli_list_and_engines(capsys: pytest.CaptureFixture[str]) -> None:
     latency.main(["list"])
     assert "h100-llama-3-8b-tp1" in capsys.readouterr().out.split()
@@ -249,3 +268,95 @@ def test_fit_quality_on_held_out_points() -> None:
         assert report["heldout_mape"] < 0.05, (gpu, report)
     _, report = fit_attention_heldout(read_vidur_attention(root))
     assert report["heldout_mape"] < 0.15, report
+
+
+def test_any_tp_of_a_known_model_and_gpu_composes() -> None:
+    """`h100-llama-2-70b-tp4` is not shipped but resolves; a shipped profile equals its composition."""
+    from burstgym.latency import compose_profile, list_gpus
+
+    assert "h100-llama-2-70b-tp4" not in list_profiles()
+    assert {"a100", "h100", "h200", "l40s"} <= set(list_gpus())
+    p = load_profile("h100-llama-2-70b-tp4")
+    assert p.name == "h100-llama-2-70b-tp4" and p.tp == 4 and p.engine == "vllm-ci"
+    assert p.provenance["kind"] == "measured" and "composed" in p.provenance["detail"]
+    tp8 = load_profile("h100-llama-2-70b-tp8")
+    assert float(p.latency.weights_s) == pytest.approx(2 * float(tp8.latency.weights_s), rel=1e-6)
+    shipped, composed = load_profile("h100-codellama-34b-tp2"), compose_profile("h100", "codellama-34b", 2)
+    for a, b in zip(shipped.latency, composed.latency, strict=True):
+        assert float(b) == pytest.approx(float(a), rel=1e-6)
+    assert composed.kv_capacity_tokens == shipped.kv_capacity_tokens
+    assert load_profile("h100-llama-2-70b-tp4", engine="splitwise-2023").engine == "splitwise-2023"
+    for bad, message in (
+        ("h100-llama-2-70b-tp3", "do not shard over TP=3"),
+        ("l40s-llama-2-70b-tp1", "does not fit"),
+        ("h900-llama-2-70b-tp4", "GPUs: a100, h100, h200, l40s"),
+        ("h100-gpt-9-tp1", "unknown profile"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            load_profile(bad)
+    with pytest.raises(ValueError, match="profile must be a name or a path"):
+        load_profile(123)  # type: ignore[arg-type]
+
+
+def test_l40s_is_derived_from_its_datasheet() -> None:
+    """L40S: slower memory than the A100 (864 vs 2039 GB/s), 48 GB, 350 W, PCIe all-reduce."""
+    from burstgym.latency import load_gpu
+
+    l40s, a100 = load_gpu("l40s"), load_gpu("a100")
+    assert l40s.provenance["kind"] == "derived" and "datasheet" in l40s.provenance["detail"]
+    assert l40s.gpu.mem_bw == pytest.approx(a100.gpu.mem_bw * 864 / 2039, rel=1e-9)
+    assert l40s.busy_w == 350.0 and 47e9 < l40s.gpu.memory_bytes < 49e9
+    assert l40s.gpu.allreduce["2"][1] < a100.gpu.allreduce["2"][1] / 5  # PCIe, not NVLink
+    on_l40s, on_a100 = load_profile("l40s-llama-3-8b-tp1"), load_profile("a100-llama-3-8b-tp1")
+    assert float(on_l40s.step_time(decode_seqs=1, kv_tokens=512)) > float(
+        on_a100.step_time(decode_seqs=1, kv_tokens=512)
+    )
+    assert on_l40s.kv_capacity_tokens < on_a100.kv_capacity_tokens
+
+
+def test_profile_from_a_hugging_face_config(tmp_path: Path) -> None:
+    """A dense config.json of any size and TP, and a MoE one, compose by path; nothing is fetched."""
+    qwen = {
+        "architectures": ["Qwen3ForCausalLM"],
+        "num_hidden_layers": 64,
+        "hidden_size": 5120,
+        "num_attention_heads": 64,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "intermediate_size": 25600,
+        "vocab_size": 151936,
+        "hidden_act": "silu",
+        "torch_dtype": "bfloat16",
+        "tie_word_embeddings": False,
+    }
+    cfg = tmp_path / "Qwen3-32B" / "config.json"
+    cfg.parent.mkdir()
+    cfg.write_text(json.dumps(qwen))
+    p = load_profile(f"h100-tp4:{cfg}")
+    assert p.model.name == "Qwen3-32B" and p.tp == 4
+    params = p.model.num_layers * p.model.layer_params() + 2 * p.model.lm_head_params()
+    assert 32.0e9 < params < 33.5e9  # Qwen3-32B: 32.8B
+    moe = {**qwen, "num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768}
+    moe |= {"num_hidden_layers": 48, "hidden_size": 2048, "num_attention_heads": 32, "num_key_value_heads": 4}
+    cfg.write_text(json.dumps(moe))
+    m = load_profile(f"h200-tp2:{cfg}")
+    assert m.model.num_experts == 128 and float(m.latency.expert_fraction) == pytest.approx(8 / 128)
+    total = m.model.num_layers * m.model.stored_layer_params() + 2 * m.model.lm_head_params()
+    active = m.model.num_layers * m.model.layer_params() + m.model.lm_head_params()
+    assert 29.5e9 < total < 31.5e9 and 2.9e9 < active < 3.5e9  # Qwen3-30B-A3B: 30.5B, 3.3B active
+    for key, value, message in (
+        ("kv_lora_rank", 512, "multi-head latent attention"),
+        ("quantization_config", {"quant_method": "fp8"}, "quantized weights"),
+        ("num_experts_per_tok", 300, "num_experts_per_tok"),
+    ):
+        cfg.write_text(json.dumps({**moe, key: value}))
+        with pytest.raises(ValueError, match=message):
+            load_profile(f"h100-tp2:{cfg}")
+
+
+def test_cli_gpus_and_models(capsys: pytest.CaptureFixture[str]) -> None:
+    latency.main(["gpus"])
+    out = capsys.readouterr().out
+    assert "l40s: L40S-48GB (derived)" in out and "h100: H100-SXM5-80GB (measured)" in out
+    latency.main(["models"])
+    assert "mixtral-8x7b" in capsys.readouterr().out.split()

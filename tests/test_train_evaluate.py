@@ -315,7 +315,7 @@ def test_jax_ppo_trains_through_train_py_and_evaluate_judges_it(tmp_path, monkey
     monkeypatch.setattr(evaluate, "run_tasks", capture)
     with pytest.raises(Stop):
         evaluate.main(
-            ["--model", str(run_dir / "model.msgpack"), "--regime-grid", "none", "--out", str(tmp_path)]
+            ["--model", str(run_dir / "model.msgpack"), "--regime-grid", "none", "--out", str(tmp_path / "r")]
         )
     assert seen["name"] == "prefix" and seen["settings"]["episode_length"] == 16
     assert seen["learned"].name == "learned-jax-ppo" and seen["learned"].stats is not None

@@ -4,14 +4,17 @@ Files by job:
 
 - `model`: `LatencyModel` and `step_time`, the step-time formula the simulator runs (JAX);
 - `configs`: `ModelConfig`, model architectures (burstgym/models/, or a Hugging Face config.json);
-- `profiles`: `GPUConstants`, `Profile`, composing and loading profiles (burstgym/profiles/);
+- `profiles`: `GPUConstants`, `Profile`, composing and loading profiles (burstgym/profiles/, and any
+  TP of a known model on a known GPU from burstgym/latency/gpus/);
 - `engines`: serving-engine calibrations over the kernel model (burstgym/latency/engines/);
 - `power`: `PowerModel` and `energy_j`, power that depends on the work (energy roofline);
 - `fit`: fitting kernel constants, engine terms and energy constants to measurements;
 - `sources`: readers of the public calibration data; `validate`: the shipped engine fits and their
   held-out checks against end-to-end measurements;
 - `serving`: ``python -m burstgym.calibrate fit-serving``; `measure`: timing kernels with torch;
-- `cli`: ``python -m burstgym.latency show|list|engines|validate``.
+- `requestlog`: reading request logs (benchmark clients, gateways); `replay`: replaying one through
+  the simulator (``python -m burstgym.calibrate replay``);
+- `cli`: ``python -m burstgym.latency show|list|gpus|models|engines|validate``.
 """
 
 from burstgym.latency.cli import main
@@ -37,14 +40,19 @@ from burstgym.latency.power import GPUEnergy, PowerModel, busy_power_w, compose_
 from burstgym.latency.profiles import (
     ACTIVATION_RESERVE_TOKENS,
     GPU_MEMORY_UTILIZATION,
+    GPUS_DIR,
     PROFILES_DIR,
     GPUConstants,
+    GPUFamily,
     Profile,
     build_profile,
     compose_kernels,
     compose_latency_model,
+    compose_profile,
     kv_capacity_tokens,
+    list_gpus,
     list_profiles,
+    load_gpu,
     load_profile,
     profile_from_dict,
     provisional_h100_llama2_7b,
@@ -58,12 +66,14 @@ __all__ = [
     "DTYPE_BYTES",
     "ENGINES_DIR",
     "GPU_MEMORY_UTILIZATION",
+    "GPUS_DIR",
     "MODELS_DIR",
     "PROFILES_DIR",
     "Engine",
     "EngineTerms",
     "GPUConstants",
     "GPUEnergy",
+    "GPUFamily",
     "LatencyModel",
     "ModelConfig",
     "PowerModel",
@@ -73,13 +83,16 @@ __all__ = [
     "busy_power_w",
     "compose_kernels",
     "compose_latency_model",
+    "compose_profile",
     "compose_power_model",
     "energy_j",
     "kv_capacity_tokens",
     "list_engines",
+    "list_gpus",
     "list_models",
     "list_profiles",
     "load_engine",
+    "load_gpu",
     "load_model_config",
     "load_profile",
     "main",

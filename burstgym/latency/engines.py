@@ -13,7 +13,14 @@ end-to-end measurements, per GPU family:
   IJHPCA 2005: ``2 (tp - 1)`` steps), so ``allreduce_fixed_s = 2 layers x 2 (tp - 1) x step``;
   ``None`` keeps the NCCL microbenchmark latency of the kernel fit;
 - ``allreduce_bw_factor``: multiplies the per-token all-reduce time of the NCCL microbenchmark,
-  which already carries the platform's own scaling with the TP degree.
+  which already carries the platform's own scaling with the TP degree;
+- ``frontend_s``: per request, the API server's latency on every token the client receives
+  (request handling and tokenisation before the engine, detokenisation and streaming after it),
+  added to `LatencyModel.frontend_s`; 0 for an engine measured without an HTTP front end;
+- kernel factors, for an engine whose kernels run differently from the profiled ones (1: as
+  profiled): ``layer_factor`` multiplies the per-layer fixed kernel times (launch gaps that CUDA
+  graphs remove), ``elementwise_factor`` the element-wise traffic (kernels a compiler fuses),
+  ``compute_factor`` the GEMM and attention FLOP time, ``weights_factor`` the weight streaming.
 
 The step-time formula (`burstgym.latency.model.step_time`) is unchanged: an engine only moves
 coefficients. Per-layer terms scale with the model's layers, all-reduce terms with its layers,
@@ -44,6 +51,11 @@ class EngineTerms:
     layer_s: float = 0.0  # per layer per iteration (launch gaps between the layer's kernels)
     allreduce_step_s: float | None = None  # one ring step of one all-reduce; None: NCCL microbenchmark
     allreduce_bw_factor: float = 1.0  # multiplies the NCCL microbenchmark's per-token all-reduce time
+    frontend_s: float = 0.0  # per request: the API server's latency on every token the client gets
+    layer_factor: float = 1.0  # multiplies the kernel fit's per-layer fixed times
+    elementwise_factor: float = 1.0  # multiplies the element-wise kernels' time
+    compute_factor: float = 1.0  # multiplies GEMM and attention FLOP time
+    weights_factor: float = 1.0  # multiplies weight-streaming time
 
 
 @dataclass(frozen=True)
@@ -154,7 +166,16 @@ def apply_engine(kernels: LatencyModel, terms: EngineTerms, model: ModelConfig, 
     return kernels._replace(
         overhead_s=kernels.overhead_s + terms.overhead_s,
         overhead_seq_s=kernels.overhead_seq_s + terms.overhead_seq_s,
-        kernel_fixed_s=kernels.kernel_fixed_s + layers * terms.layer_s,
+        kernel_fixed_s=kernels.kernel_fixed_s * terms.layer_factor + layers * terms.layer_s,
+        attn_fixed_s=kernels.attn_fixed_s * terms.layer_factor,
+        prefill_fixed_s=kernels.prefill_fixed_s * terms.layer_factor,
+        elementwise_token_s=kernels.elementwise_token_s * terms.elementwise_factor,
+        token_s=kernels.token_s * terms.compute_factor,
+        logits_seq_s=kernels.logits_seq_s * terms.compute_factor,
+        prefill_pair_s=kernels.prefill_pair_s * terms.compute_factor,
+        weights_s=kernels.weights_s * terms.weights_factor,
+        expert_weights_s=kernels.expert_weights_s * terms.weights_factor,
         allreduce_fixed_s=allreduce_fixed,
         allreduce_token_s=kernels.allreduce_token_s * terms.allreduce_bw_factor,
+        frontend_s=kernels.frontend_s + terms.frontend_s,
     )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 import os
 import platform
 import statistics
@@ -300,6 +301,11 @@ def plot_fit(
     plt.close(fig)
 
 
+# The smallest `max_tokens`: the token grid then holds 10 counts and reaches past the memory-bound
+# plateau, which the linear fit (five constants and a tile) needs.
+MIN_MAX_TOKENS = 64
+
+
 def calibrate(
     model_name: str,
     device_name: str = "auto",
@@ -322,6 +328,18 @@ def calibrate(
     import torch
     from tqdm import tqdm
 
+    for name, value, low in (
+        ("max_tokens", max_tokens, MIN_MAX_TOKENS),
+        ("warmup", warmup, 0),
+        ("repeats", repeats, 1),
+        ("tp", tp, 1),
+        ("threads", 1 if threads is None else threads, 1),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+    for name, watts in (("gpu_idle_w", gpu_idle_w), ("gpu_busy_w", gpu_busy_w)):
+        if not (isinstance(watts, (int, float)) and math.isfinite(watts) and watts >= 0):
+            raise ValueError(f"{name} must be a finite number >= 0, got {watts!r}")
     if threads:
         torch.set_num_threads(threads)
     model = load_model_config(model_name)

@@ -9,11 +9,19 @@ ISCA 2024); docs/latency.md states it with its sources and fit errors:
   launch gaps between them);
 - linear layers as the slower of streaming every weight once at an effective bandwidth and doing
   2 x parameters FLOPs per token at an effective compute rate, joined by a smooth maximum because
-  real GEMMs leave the memory roof gradually (tile and wave quantisation);
+  real GEMMs leave the memory roof gradually (tile and wave quantisation); a mixture-of-experts
+  model streams, besides its dense weights, the experts its tokens were routed to (the expected
+  share of experts ``T`` uniformly routed tokens touch, ``1 - (1 - k/E)^T``);
 - memory-bound element-wise work (norms, rotary embedding, activation, residual adds) per token;
 - decode attention as a per-layer constant, a per-sequence cost and the KV bytes read;
 - prefill attention growing with the (query, key) pairs, i.e. with the prompt length squared;
 - tensor-parallel all-reduce, two per layer: a latency per iteration and a cost per token.
+
+Besides the iteration, a served request pays a front-end latency (``frontend_s``): the API server's
+request handling and tokenisation before the engine sees it, and detokenisation and streaming of
+each token after the engine emits it. The client receives every token ``frontend_s`` after the
+engine produced it, so TTFT and end-to-end latency grow by it and inter-token gaps do not; the
+engine's schedule is unchanged. The simulators add it to each request's TTFT and E2E.
 
 `LatencyModel` holds the coefficients as a pytree of numbers so the simulator can stack one per
 node (a heterogeneous cluster) and vmap over nodes and clusters. Kernel coefficients come from a
@@ -30,7 +38,8 @@ from jax.typing import ArrayLike
 
 
 class LatencyModel(NamedTuple):
-    """Coefficients of `step_time`: seconds, seconds per unit, or (``knee_p``) a pure number."""
+    """Coefficients of `step_time` (seconds, seconds per unit, or a pure number) and the front-end
+    latency of each request."""
 
     overhead_s: ArrayLike  # per-iteration serving overhead (scheduler, input preparation, sampling)
     overhead_seq_s: ArrayLike  # serving overhead per decoding sequence (sampling, output handling)
@@ -48,6 +57,9 @@ class LatencyModel(NamedTuple):
     prefill_pair_s: ArrayLike  # prefill attention: per (query, key) pair
     allreduce_fixed_s: ArrayLike  # tensor-parallel all-reduce: latency per iteration (all layers)
     allreduce_token_s: ArrayLike  # tensor-parallel all-reduce: per token in the pass
+    expert_weights_s: ArrayLike = 0.0  # reading every routed expert's weights once (MoE; 0: dense)
+    expert_fraction: ArrayLike = 0.0  # k / E, share of a layer's experts one token is routed to
+    frontend_s: ArrayLike = 0.0  # per request: tokens reach the client this long after the engine
 
 
 def smooth_max(a: ArrayLike, b: ArrayLike, p: ArrayLike) -> jnp.ndarray:
@@ -88,7 +100,10 @@ def step_time(
     # GEMM kernels compute whole row tiles (CUTLASS/cuBLAS M-tiles), so compute steps per tile.
     tiled = jnp.ceil(tokens / model.tile_tokens) * model.tile_tokens
     compute = model.token_s * tiled + model.logits_seq_s * decode_seqs
-    linear = smooth_max(model.weights_s, compute, model.knee_p) + model.elementwise_token_s * tokens
+    # MoE: the experts at least one of the pass's tokens was routed to (uniform routing).
+    touched = 1.0 - (1.0 - jnp.asarray(model.expert_fraction, dtype=tokens.dtype)) ** tokens
+    weights = model.weights_s + model.expert_weights_s * touched
+    linear = smooth_max(weights, compute, model.knee_p) + model.elementwise_token_s * tokens
     decode_attn = jnp.where(
         decode_seqs > 0,
         model.attn_fixed_s + model.attn_seq_s * decode_seqs + model.kv_token_s * kv_tokens,

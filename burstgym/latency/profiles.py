@@ -5,12 +5,18 @@ A profile composes three independent parts: fitted kernel constants of the GPU (
 one fit per GPU serves every model), a model architecture (`ModelConfig`) and a serving-engine
 calibration (`burstgym.latency.engines`). Shipped profiles live in burstgym/profiles/ and are
 composed with the default engine; ``load_profile(name, engine=...)`` recomposes one with another.
+
+Any other TP degree of a known model and GPU composes on demand from the GPU's constants
+(burstgym/latency/gpus/<gpu>.json: kernel fit, energy roofline, board power) and the model's
+architecture: ``load_profile("h100-llama-2-70b-tp4")``; a Hugging Face ``config.json`` given by
+path composes the same way: ``load_profile("h100-tp4:/models/Qwen3-32B/config.json")``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -38,6 +44,7 @@ from burstgym.latency.power import (
 )
 
 PROFILES_DIR = Path(__file__).resolve().parent.parent / "profiles"
+GPUS_DIR = Path(__file__).resolve().parent / "gpus"
 
 # vLLM's default gpu_memory_utilization: the share of GPU memory the engine may use; the rest is
 # left to the CUDA context, NCCL buffers and fragmentation.
@@ -113,6 +120,8 @@ def compose_kernels(gpu: GPUConstants, model: ModelConfig, tp: int, serving: boo
         prefill_pair_s=layers * model.pair_flops(tp) / gpu.attn_flops,
         allreduce_fixed_s=allreduce_fixed,
         allreduce_token_s=allreduce_token,
+        expert_weights_s=model.expert_weight_bytes(tp) / gpu.mem_bw,
+        expert_fraction=model.expert_fraction(),
     )
 
 
@@ -301,6 +310,139 @@ def list_profiles() -> list[str]:
     return sorted(p.stem for p in PROFILES_DIR.glob("*.json"))
 
 
+@dataclass(frozen=True)
+class GPUFamily:
+    """One GPU's constants for composing profiles: kernel fit, energy roofline and board power."""
+
+    key: str  # short name used in profile names ("h100")
+    gpu: GPUConstants
+    energy: GPUEnergy
+    idle_w: float  # one GPU, awake with a model loaded (an assumption; see provenance)
+    busy_w: float  # one GPU's board power limit (datasheet)
+    provenance: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form `load_gpu` reads back."""
+        return {
+            "key": self.key,
+            "gpu": asdict(self.gpu),
+            "energy": asdict(self.energy),
+            "idle_w": self.idle_w,
+            "busy_w": self.busy_w,
+            "provenance": self.provenance,
+        }
+
+
+def list_gpus() -> list[str]:
+    """Keys of the GPUs profiles compose on (burstgym/latency/gpus/)."""
+    return sorted(p.stem for p in GPUS_DIR.glob("*.json"))
+
+
+def _constants(data: dict[str, Any], where: str) -> GPUConstants:
+    kwargs: dict[str, Any] = {}
+    for f in fields(GPUConstants):
+        if f.name == "name":
+            kwargs[f.name] = str(data.get("name", "unknown"))
+        elif f.name == "allreduce":
+            allreduce = data.get("allreduce", {})
+            if not isinstance(allreduce, dict):
+                raise ValueError(f"{where}: field 'allreduce' must be an object of TP -> [s, B/s]")
+            for tp, pair in allreduce.items():
+                if not (isinstance(pair, list) and len(pair) == 2):
+                    raise ValueError(f"{where}: field 'allreduce.{tp}' must be [seconds, bytes per second]")
+                for value in pair:
+                    _number({"v": value}, "v", f"{where} [allreduce.{tp}]")
+            kwargs[f.name] = {str(k): [float(x) for x in v] for k, v in allreduce.items()}
+        else:
+            kwargs[f.name] = _number(data, f.name, where)
+    return GPUConstants(**kwargs)
+
+
+def load_gpu(key: str) -> GPUFamily:
+    """The constants of GPU ``key`` (see `list_gpus`)."""
+    path = GPUS_DIR / f"{key}.json"
+    if not path.exists():
+        raise ValueError(f"unknown GPU {key!r}; known: {', '.join(list_gpus())}")
+    data = read_json(path)
+    where = str(path)
+    if not isinstance(data, dict):
+        raise ValueError(f"{where}: expected a JSON object")
+    energy_data = _section(data, "energy", where)
+    energy = GPUEnergy(
+        **{
+            f.name: str(energy_data.get(f.name, ""))
+            if f.name in ("name", "source")
+            else _number(energy_data, f.name, f"{where} [energy]")
+            for f in fields(GPUEnergy)
+        }
+    )
+    return GPUFamily(
+        key=key,
+        gpu=_constants(_section(data, "gpu", where), f"{where} [gpu]"),
+        energy=energy,
+        idle_w=_number(data, "idle_w", where),
+        busy_w=_number(data, "busy_w", where),
+        provenance=_section(data, "provenance", where),
+    )
+
+
+def compose_profile(
+    gpu: str, model: str | Path, tp: int, engine: Engine | str | None = None, name: str | None = None
+) -> Profile:
+    """A profile of ``model`` (a shipped name or a Hugging Face ``config.json`` path) on ``tp``
+    GPUs ``gpu`` (see `list_gpus`), composed with ``engine`` (default: `DEFAULT_ENGINE`)."""
+    from burstgym.latency.configs import load_model_config
+
+    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+        raise ValueError(f"tp must be a positive integer, got {tp!r}")
+    family = load_gpu(gpu)
+    config = load_model_config(model)
+    heads = (config.num_heads, config.num_kv_heads)
+    if tp > 1 and any(h % tp and tp % h for h in heads):
+        raise ValueError(
+            f"{config.name}: {heads[0]} attention and {heads[1]} KV heads do not shard over TP={tp}"
+        )
+    source = family.provenance
+    provenance = {
+        "kind": source.get("kind", "derived"),
+        "detail": f"composed from the {family.gpu.name} constants (burstgym/latency/gpus/{gpu}.json: "
+        f"{source.get('detail', '')}) and the {config.name} architecture"
+        + ("" if str(model) == config.name else f" ({model})"),
+        "gpu": source,
+        "power": {"gpu_energy": family.energy.source},
+    }
+    return build_profile(
+        name or f"{gpu}-{config.name}-tp{tp}",
+        family.gpu,
+        config,
+        tp,
+        family.idle_w,
+        family.busy_w,
+        str(source.get("power_sources", "")),
+        provenance,
+        engine=engine or DEFAULT_ENGINE,
+        energy=family.energy,
+    )
+
+
+_COMPOSED = re.compile(r"^(?P<gpu>[a-z0-9]+)-(?P<model>.+)-tp(?P<tp>[0-9]+)$")
+_FROM_CONFIG = re.compile(r"^(?P<gpu>[a-z0-9]+)-tp(?P<tp>[0-9]+):(?P<config>.+)$")
+
+
+def _composed(spec: str) -> Profile | None:
+    """The profile a name such as ``h100-llama-2-70b-tp4`` or ``h100-tp4:/path/config.json`` stands
+    for, composed on demand; None when ``spec`` is not of either form with a known GPU and model."""
+    from burstgym.latency.configs import list_models
+
+    m = _FROM_CONFIG.match(spec)
+    if m and m["gpu"] in list_gpus():
+        return compose_profile(m["gpu"], Path(m["config"]), int(m["tp"]), name=spec)
+    m = _COMPOSED.match(spec)
+    if m and m["gpu"] in list_gpus() and m["model"] in list_models():
+        return compose_profile(m["gpu"], m["model"], int(m["tp"]))
+    return None
+
+
 def _number(data: dict[str, Any], key: str, where: str) -> float:
     if key not in data:
         raise ValueError(f"{where}: missing field {key!r}")
@@ -343,7 +485,19 @@ def profile_from_dict(data: Any, where: str) -> Profile:
     if not isinstance(data, dict):
         raise ValueError(f"{where}: expected a JSON object")
     lat = _section(data, "latency", where)
-    latency = LatencyModel(*(_number(lat, f, f"{where} [latency]") for f in LatencyModel._fields))
+    # Fields with a default (MoE terms, front-end latency) may be absent from older files.
+    latency = LatencyModel(
+        **{
+            f: _number(lat, f, f"{where} [latency]")
+            for f in LatencyModel._fields
+            if f in lat or f not in LatencyModel._field_defaults
+        }
+    )
+    if not 0.0 <= float(latency.expert_fraction) <= 1.0:
+        raise ValueError(f"{where} [latency]: field 'expert_fraction' must be in [0, 1]")
+    for key in ("expert_weights_s", "frontend_s"):
+        if getattr(latency, key) < 0:
+            raise ValueError(f"{where} [latency]: field {key!r} must be >= 0")
     for key in ("knee_p", "tile_tokens"):
         if getattr(latency, key) <= 0:
             raise ValueError(f"{where} [latency]: field {key!r} must be positive")
@@ -357,8 +511,8 @@ def profile_from_dict(data: Any, where: str) -> Profile:
         else:
             gpu_kwargs[f.name] = _number(gpu_data, f.name, f"{where} [gpu]")
     model_data = _section(data, "model", where)
-    model_kwargs = {f.name: model_data.get(f.name) for f in fields(ModelConfig)}
-    missing = [k for k, v in model_kwargs.items() if v is None]
+    model_kwargs = {f.name: model_data.get(f.name, f.default) for f in fields(ModelConfig)}
+    missing = [k for k, v in model_kwargs.items() if v is None or v is dataclasses.MISSING]
     if missing:
         raise ValueError(f"{where} [model]: missing field {missing[0]!r}")
     power = _section(data, "power", where)
@@ -402,7 +556,23 @@ def load_profile(name_or_path: str | Path, engine: Engine | str | None = None) -
         engine (``DEFAULT_ENGINE``), one written by ``python -m burstgym.calibrate fit-serving``
         with the engine fitted to its measurements.
     """
-    path = resolve_json(name_or_path, PROFILES_DIR, "profile", list_profiles())
+    if not isinstance(name_or_path, (str, Path)):
+        raise ValueError(f"profile must be a name or a path, got {name_or_path!r}")
+    shipped = PROFILES_DIR / f"{name_or_path}.json"
+    spec = str(name_or_path)
+    plain_path = Path(spec).suffix == ".json" and not _FROM_CONFIG.match(spec)
+    composed = None if shipped.exists() or plain_path else _composed(spec)
+    if composed is not None:
+        return composed if engine is None else with_engine(composed, engine)
+    try:
+        path = resolve_json(name_or_path, PROFILES_DIR, "profile", list_profiles())
+    except ValueError as err:
+        if "unknown profile" in str(err):
+            raise ValueError(
+                f"{err}; or <gpu>-<model>-tp<N> (GPUs: {', '.join(list_gpus())}; models: python -m "
+                "burstgym.latency models), or <gpu>-tp<N>:<path to a Hugging Face config.json>"
+            ) from None
+        raise
     profile = profile_from_dict(read_json(path), str(path))
     if engine is None:
         return profile
@@ -452,8 +622,13 @@ __all__ = [
     "PROFILES_DIR",
     "GPUConstants",
     "Profile",
+    "GPUS_DIR",
+    "GPUFamily",
     "build_profile",
     "compose_kernels",
+    "compose_profile",
+    "list_gpus",
+    "load_gpu",
     "compose_latency_model",
     "kv_capacity_tokens",
     "list_profiles",

@@ -105,8 +105,11 @@ def read_vidur_allreduce(root: Path, platform: str) -> dict[str, tuple[list[floa
 # --- Splitwise end-to-end measurements ---------------------------------------------------------
 
 
-def read_splitwise(root: Path) -> pd.DataFrame:
+def read_splitwise(root: Path, csv_file: Path | None = None) -> pd.DataFrame:
     """Splitwise's Llama-2-70B runs, one row per configuration (repeated runs averaged).
+
+    ``csv_file`` (default: the calibration folder's TP2/TP4 file) may be splitwise-sim's whole
+    ``data/perf_model.csv``, whose other models' rows are left out.
 
     Columns: hardware, tp, prompt, batch, tokens (decode iterations), prefill_s, decode_s (one
     decode iteration), power_frac (average power as a fraction of TDP, NaN where not recorded),
@@ -120,7 +123,9 @@ def read_splitwise(root: Path) -> pd.DataFrame:
       exactly 1.3 and ``token_time`` unchanged (checked by `splitwise_pcap_check`), so it is a
       derived copy, not a measurement; it is neither fitted nor scored.
     """
-    df = pd.read_csv(root / SPLITWISE_FILE)
+    df = pd.read_csv(csv_file or root / SPLITWISE_FILE)
+    if "model" in df.columns:
+        df = df[df.model == "llama2-70b"]
     df = df.assign(power_frac=df.average_power.where(df.average_power > 0))
     keys = ["hardware", "tensor_parallel", "prompt_size", "batch_size", "token_size"]
     g = (

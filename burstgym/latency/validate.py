@@ -201,6 +201,28 @@ def fit_splitwise(
     return terms, report
 
 
+def splitwise_tp8(csv_file: Path, gpus: dict[str, GPUConstants]) -> list[dict[str, Any]]:
+    """The shipped ``splitwise-2023`` engine (fitted on TP2 and TP4) predicting Splitwise's TP8 runs,
+    never fitted: decode and prefill MAPE per GPU, with each prefill point's error. ``csv_file`` is
+    splitwise-sim's ``data/perf_model.csv`` (github.com/Mutinifni/splitwise-sim at 8f99e7d), read
+    where it lies."""
+    from burstgym.latency.engines import load_engine
+
+    table = read_splitwise(csv_file.parent, csv_file)
+    model = load_model_config("llama-2-70b")
+    engine = load_engine("splitwise-2023")
+    out = []
+    for gpu in ("a100", "h100"):
+        points = splitwise_points(table, gpu, 8)
+        if len(points.time_s) == 0:
+            raise ValueError(f"{csv_file}: no TP8 rows of Llama-2-70B on {gpu}")
+        pred = predict_serving(kernels_by_tp(gpus[gpu], model, (8,)), model, engine.gpus[gpu], points)
+        out.append(
+            {"gpu": gpu, **serving_report(pred, points), "residuals_prefill": _residuals(pred, points, True)}
+        )
+    return out
+
+
 def _residuals(pred: np.ndarray, p: ServingPoints, prefill: bool) -> list[dict[str, float]]:
     m = p.is_prefill == prefill
     return [
