@@ -38,6 +38,10 @@ longest and decodes until its longest output is done (`E[max of b]` from the wor
 padded prompt and longest output; what it saves them: a batch it fills launches without waiting
 for its window.
 
+Under both, the node's front-end latency (`LatencyModel.frontend_s`: request handling before the
+engine, streaming after it) adds to the request's TTFT and e2e and to nothing else, as in the
+simulators; a mixture-of-experts node's expert reads come with `step_time`.
+
 Energy (`energy_weight > 0`): a sleeping node woken for the request stays awake at least its
 `sleep_timeout` after the request leaves, drawing idle instead of sleep power. The cost weighs the
 terms as the objective does (`burstgym.reward`): latency + `ttft_weight` x TTFT + `energy_weight` x
@@ -300,6 +304,10 @@ def estimate(
     asleep = (view.phase == ASLEEP) | (view.phase == WAKING)
     awake = jnp.where(jnp.isfinite(nodes.sleep_timeout), nodes.sleep_timeout, 0.0)
     energy = jnp.where(asleep, nodes.awake_w * (awake + e2e), 0.0)
+    # The client gets every token the front end's latency after the engine emits it: TTFT and e2e
+    # grow by it, the engine's schedule (and so the delay to the others and the energy) does not.
+    front = nodes.latency.frontend_s
+    ttft, e2e = ttft + front, e2e + front
     cost = (
         e2e
         + weights.ttft_weight * ttft

@@ -23,20 +23,27 @@ from burstgym.env import BurstBalance
 from burstgym.routing import FAMILIES
 from burstgym.types import ASLEEP
 
+# A front end of 11.3 ms (the vllm-serve engine's, docs/latency.md) and a mixture-of-experts node
+# (experts' weights read 3 ms, a token routed to a quarter of them).
+FRONT_END_MOE = (("frontend_s", 0.0113), ("expert_weights_s", 3e-3), ("expert_fraction", 0.25))
+
 
 @functools.lru_cache(maxsize=8)
-def _one_node(scenario: str, episode_length: int, load: float):
+def _one_node(scenario: str, episode_length: int, load: float, latency: tuple = ()):
     cfg, params = scenarios.make(scenario, n_nodes=1, episode_length=episode_length, load=load)
+    lat = params.nodes.latency
+    lat = lat._replace(**{k: jnp.full_like(lat.weights_s, v) for k, v in latency})
+    params = params._replace(nodes=params.nodes._replace(latency=lat))
     core = BurstBalance(cfg)
     router = MarginalCost.for_scenario(cfg, params)
     est = jax.jit(lambda view, lengths: router.replace(lengths=lengths).estimate(view))
     return cfg, params, core, router, jax.jit(core.step_env), jax.jit(core.view), est
 
 
-def _predicted_and_simulated(scenario: str, episode_length: int, load: float, seed: int):
+def _predicted_and_simulated(scenario: str, episode_length: int, load: float, seed: int, latency=()):
     """Per request of one episode on one node: predicted (TTFT, e2e) given its own output length as
-    the mean, and the simulated ones."""
-    cfg, params, core, router, step, view, est = _one_node(scenario, episode_length, load)
+    the mean, and the simulated ones (`latency`: fields of the node's LatencyModel to set)."""
+    cfg, params, core, router, step, view, est = _one_node(scenario, episode_length, load, latency)
     _, state = core.reset(jax.random.key(seed), params)
     output = np.asarray(state.requests.output)
     predicted = []
@@ -49,12 +56,14 @@ def _predicted_and_simulated(scenario: str, episode_length: int, load: float, se
     return np.asarray(predicted), simulated, np.asarray(state.requests.prompt)
 
 
+@pytest.mark.parametrize("latency", [(), FRONT_END_MOE], ids=["dense", "front-end-moe"])
 @pytest.mark.parametrize("scenario", ["steady", "bursty-dynamic"])
-def test_a_lone_request_is_predicted_exactly(scenario):
+def test_a_lone_request_is_predicted_exactly(scenario, latency):
     """Continuous batching: one prefill iteration, then decode; batching window: the window, then
-    the batch of one (padded to its own prompt)."""
+    the batch of one (padded to its own prompt). With a front end, both TTFT and e2e include it; on
+    a mixture-of-experts node, every iteration reads the experts its tokens touch."""
     for seed in (0, 1, 2):
-        predicted, simulated, prompt = _predicted_and_simulated(scenario, 1, 0.5, seed)
+        predicted, simulated, prompt = _predicted_and_simulated(scenario, 1, 0.5, seed, latency)
         assert prompt[0] > 1  # a one-token prompt is a decode step (not this case)
         np.testing.assert_allclose(predicted, simulated, rtol=2e-5)
 
