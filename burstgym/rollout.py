@@ -90,6 +90,9 @@ class EpisodeBatch:
     error: np.ndarray  # [C] int32, the final error bits
     error_step: np.ndarray  # [C] int32, the step of each cluster's first error (E: none)
     error_first: np.ndarray  # [C] int32, the error bits at that step
+    # every cluster's router states after its last decision: a tuple with one state per router (the
+    # engine carries all of them; cluster r * S + s uses router r's), leaves [C, ...]
+    router_state: Any
     compile_s: float  # seconds spent compiling in this call (0 when every function was cached)
     run_s: float  # seconds running the compiled reset and episode (to results on the device)
     devices: int  # devices the cluster axis was sharded over (1: unsharded)
@@ -259,8 +262,10 @@ def _episode_fn(cfg: EnvConfig, routers: tuple[Any, ...], chunk: int | None):
             return (states, rstates, first_k, first_bits), reward
 
         init = (states, rstates, jnp.full(c, e, jnp.int32), jnp.zeros(c, jnp.int32))
-        (states, _, first_k, first_bits), rewards = jax.lax.scan(body, init, jnp.arange(e, dtype=jnp.int32))
-        return states, rewards.T, first_k, first_bits
+        (states, rstates, first_k, first_bits), rewards = jax.lax.scan(
+            body, init, jnp.arange(e, dtype=jnp.int32)
+        )
+        return states, rewards.T, first_k, first_bits, rstates
 
     def chunked(states, ridx, rseed, stream, params, weights):
         c = ridx.shape[0]
@@ -272,7 +277,7 @@ def _episode_fn(cfg: EnvConfig, routers: tuple[Any, ...], chunk: int | None):
             split = jax.tree.map(lambda x: x.reshape((c // k, k) + x.shape[1:]), args)
             out = jax.lax.map(lambda a: run(*a, weights), split)
             out = jax.tree.map(lambda x: x.reshape((c,) + x.shape[2:]), out)
-        states, rewards, first_k, first_bits = out
+        states, rewards, first_k, first_bits, rstates = out
         metrics = jax.vmap(core.metrics)(states, params)
         log = states.log
         return {
@@ -285,6 +290,7 @@ def _episode_fn(cfg: EnvConfig, routers: tuple[Any, ...], chunk: int | None):
             "error": states.error,
             "error_step": first_k,
             "error_first": first_bits,
+            "router_state": rstates,
         }
 
     return chunked
@@ -435,6 +441,7 @@ def rollout(
         error=np.asarray(out["error"]),
         error_step=np.asarray(out["error_step"]),
         error_first=np.asarray(out["error_first"]),
+        router_state=out["router_state"],
         compile_s=t_reset + t_episode,
         run_s=run_s,
         devices=n_devices,

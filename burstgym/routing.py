@@ -36,9 +36,10 @@ from burstgym.observation import RouterView
 from burstgym.types import SCHEDULERS
 
 # balancing: spreads load; batching: takes skew for bigger batches (or sleep); affinity: takes
-# skew for prefix-cache hits; learned: a trained policy; bound: not a deployable router but a
-# reference (an oracle or a lookahead) that bounds what routing can achieve.
-FAMILIES = ("balancing", "batching", "affinity", "learned", "bound")
+# skew for prefix-cache hits; learned: a trained policy; model-based: predicts each node's latency
+# for the request from a model of the nodes (agents.marginal_cost); bound: not a deployable router
+# but a reference (an oracle or a lookahead) that bounds what routing can achieve.
+FAMILIES = ("balancing", "batching", "affinity", "learned", "model-based", "bound")
 
 
 @runtime_checkable
