@@ -124,8 +124,20 @@ def cluster_mesh(n_clusters: int, devices: Sequence[Any] | None = None) -> Mesh 
     return Mesh(np.asarray(devices), (AXIS,))
 
 
+# Compiled resets and episodes, per configuration (and routers, layout), kept for the process.
 _EPISODE: dict[Any, Any] = {}
 _RESET: dict[Any, Any] = {}
+
+
+def clear_compiled() -> None:
+    """Forget every compiled reset and episode of this module and JAX's own compilation caches.
+    Each compiled XLA:CPU program holds memory mappings of its own, and Linux limits a process to
+    `vm.max_map_count` of them (65,530 by default): a process that compiles thousands of
+    configurations runs into it and crashes. Later calls compile again (or load from the
+    persistent cache, burstgym.compile_cache)."""
+    _EPISODE.clear()
+    _RESET.clear()
+    jax.clear_caches()
 
 
 def per_cluster(params: EnvParams, n_clusters: int) -> EnvParams:

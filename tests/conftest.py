@@ -22,6 +22,7 @@ import pytest
 from burstgym import cluster, scenarios, scheduler
 from burstgym import prefix_cache as pc
 from burstgym.env import BurstBalance
+from burstgym.rollout import clear_compiled
 from burstgym.types import EMPTY, RUNNING, WAITING, EnvConfig
 
 _CACHE_DIR = pytest.StashKey[str]()
@@ -65,6 +66,31 @@ def pytest_unconfigure(config) -> None:
     path = config.stash.get(_CACHE_DIR, None)
     if path is not None:
         shutil.rmtree(path, ignore_errors=True)
+
+
+def _mappings() -> tuple[int, int]:
+    """(memory mappings this process holds, the kernel's limit per process); (0, 0) where /proc
+    does not say."""
+    try:
+        with open("/proc/self/maps") as maps, open("/proc/sys/vm/max_map_count") as limit:
+            return sum(1 for _ in maps), int(limit.read())
+    except (OSError, ValueError):
+        return 0, 0
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_compiled_programs():
+    """A test worker compiles thousands of programs, each XLA:CPU executable holding memory
+    mappings of its own; past the kernel's limit per process (vm.max_map_count, 65,530 by
+    default) the worker crashes wherever the next mapping fails (a segfault in a compile or a
+    step). After a module that leaves the worker at over a third of the limit, every compiled
+    program is dropped (burstgym.rollout.clear_compiled and this file's cache) and later tests
+    compile again."""
+    yield
+    held, limit = _mappings()
+    if limit and held > limit // 3:
+        rollout_fn.cache_clear()
+        clear_compiled()
 
 
 @functools.cache

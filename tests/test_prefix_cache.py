@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -108,12 +109,14 @@ def test_entry_limit_evicts_least_recently_released_and_flags_a_pinned_overflow(
 def test_memory_does_not_grow_with_the_ids_of_an_episode() -> None:
     """The table's size follows the chunks a node can hold: a thousand distinct ids pass through
     a cache of eight entries without a rebuild losing a held chunk."""
+    @jax.jit  # one compiled cycle (eagerly, each call would compile its loops anew)
+    def cycle(c: PrefixCache, ids: jax.Array) -> PrefixCache:
+        c = pc.add_refs(c, _chunks(ids), jnp.ones(4, bool))[0]
+        return pc.evict(_release(c, ids), jnp.int32(0), BS, 8)
+
     c = _empty()
     for k in range(0, 1000, 4):
-        ids = list(range(k, k + 4))
-        c = pc.add_refs(c, _chunks(ids), jnp.ones(4, bool))[0]
-        c = _release(c, ids)
-        c = pc.evict(c, jnp.int32(0), BS, 8)
+        c = cycle(c, jnp.arange(k, k + 4, dtype=jnp.int32))
         assert int(c.entries) == min(k + 4, 8) and not bool(c.full)
     assert np.asarray(pc.present_at(c, jnp.arange(992, 1000, dtype=jnp.int32))).all()
     assert c.table.key.shape == (32,)

@@ -1,10 +1,15 @@
 """Memory of the JAX rollout: the vmapped group size fitted to a memory budget from the compiled
-program's own analysis (`burstgym.rollout.fit_chunk`)."""
+program's own analysis (`burstgym.rollout.fit_chunk`), and a cluster's state, whose prefix cache
+does not grow with the episode."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
+import jax
+
+from burstgym import scenarios
+from burstgym.env import BurstBalance
 from burstgym.rollout import fit_chunk
 
 
@@ -49,3 +54,24 @@ def test_fit_chunk_at_most_halves_and_stops_at_one() -> None:
     compile_at, asked = _fake_compiler(resident=10**6, per_cluster=1)
     k, _, seconds = fit_chunk(12, compile_at, budget=100, resident=10)
     assert k == 1 and asked == [12, 1] and seconds == 2.0
+
+
+def _state_bytes(**settings) -> tuple[int, int]:
+    """(bytes of a `prefix` cluster's prefix cache, bytes of its whole state) after reset, from
+    shapes alone (nothing runs)."""
+    cfg, params = scenarios.make("prefix", **settings)
+    _, state = jax.eval_shape(lambda k: BurstBalance(cfg).reset(k, params), jax.random.key(0))
+    size = lambda tree: sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))  # noqa: E731
+    return size(state.cache), size(state)
+
+
+def test_a_clusters_prefix_cache_does_not_grow_with_the_episode_or_its_prefixes() -> None:
+    """The cache is a table sized from the nodes' KV blocks: the same bytes for 128 or 4,096
+    arrivals and for 4 or 256 distinct shared prefixes; the rest of the state (the episode's
+    request stream and log, one row per arrival, and slot tables capped by the running set and
+    queue) grows at most in proportion to the episode."""
+    cache, total = zip(*(_state_bytes(episode_length=e) for e in (128, 1024, 4096)), strict=True)
+    assert cache[0] == cache[1] == cache[2]
+    assert (total[2] - cache[2]) <= 4 * (total[1] - cache[1]) <= 32 * (total[0] - cache[0])
+    few, many = _state_bytes(prefix_groups=4)[0], _state_bytes(prefix_groups=256)[0]
+    assert few == many == cache[0]
