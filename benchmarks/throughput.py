@@ -104,13 +104,16 @@ def reference_rate(scenario: str, settings: dict, episodes: int) -> tuple[int, f
 
 def jax_rate(
     clusters: int, router: str, scenario: str, settings: dict, chunk, min_seconds: float = 1.0
-) -> tuple[int, float, float, float]:
-    """(decisions, wall s, CPU s, compile s) of the JAX rollout of `clusters` episodes routed by
-    the JAX `router`: a first call compiles (ahead of time, reported apart) and runs once
-    untimed; timed calls on fresh seeds follow until `min_seconds` have passed."""
+) -> tuple[int, float, float, float, float]:
+    """(decisions, wall s, CPU s, compile s, bytes per cluster) of the JAX rollout of `clusters`
+    episodes routed by the JAX `router`: a first call compiles (ahead of time, reported apart) and
+    runs once untimed; timed calls on fresh seeds follow until `min_seconds` have passed. Bytes
+    per cluster are the compiled episode's peak need (XLA's memory analysis: arguments, outputs,
+    temporaries) over the clusters vmapped together in it."""
     cfg, params = scenarios.make(scenario, **settings)
     routers = [make_rule(router)]
-    compile_s = rollout(cfg, params, routers, list(range(clusters)), chunk=chunk).compile_s
+    first = rollout(cfg, params, routers, list(range(clusters)), chunk=chunk)
+    compile_s, per_cluster = first.compile_s, first.memory_bytes / max(first.chunk, 1)
     wall, cpu, runs = 0.0, 0.0, 0
     while runs < 20 and (runs == 0 or wall < min_seconds):
         seeds = list(range((runs + 1) * clusters, (runs + 2) * clusters))
@@ -119,7 +122,7 @@ def jax_rate(
         w, c = clock.read()
         assert batch.compile_s == 0.0
         wall, cpu, runs = wall + w, cpu + c, runs + 1
-    return clusters * cfg.episode_length * runs, wall, cpu, compile_s
+    return clusters * cfg.episode_length * runs, wall, cpu, compile_s, per_cluster
 
 
 def profile_step(
@@ -314,7 +317,10 @@ def main() -> None:
                 continue
             with console.status(f"jax rollout, {router} x{c}"):
                 measured = jax_rate(c, router, args.scenario, settings, chunk)
-            entry(name, "jax rollout", c, measured, router=router, compile_s=measured[3], chunk=str(chunk))
+            entry(
+                name, "jax rollout", c, measured[:3], router=router, compile_s=measured[3],
+                bytes_per_cluster=measured[4], chunk=str(chunk),
+            )
             last = measured[0] / measured[1]
     single = rates["gymnasium env (1)"]
     reference_dps = rates["reference simulator"]
@@ -329,14 +335,18 @@ def main() -> None:
     table.add_column("x reference", justify="right")
     table.add_column("per CPU-s", justify="right")
     table.add_column("compile s", justify="right")
+    table.add_column("MiB/cluster", justify="right")
     for e in entries:
         r = e["decisions_per_s"]
         if r is None:
-            table.add_row(e["configuration"], e.get("note", "not measured"), "", "", "", "")
+            table.add_row(e["configuration"], e.get("note", "not measured"), "", "", "", "", "")
             continue
         compile_s = f"{e['compile_s']:.1f}" if "compile_s" in e else ""
+        mib = f"{e['bytes_per_cluster'] / 2**20:,.2f}" if e.get("bytes_per_cluster") else ""
         ratios = f"{r / single:,.1f}", f"{r / reference_dps:,.1f}"
-        table.add_row(e["configuration"], f"{r:,.0f}", *ratios, f"{e['decisions_per_cpu_s']:,.0f}", compile_s)
+        table.add_row(
+            e["configuration"], f"{r:,.0f}", *ratios, f"{e['decisions_per_cpu_s']:,.0f}", compile_s, mib
+        )
     console.print(table)
     if args.json:
         with open(args.json, "w") as f:
