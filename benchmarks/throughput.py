@@ -108,12 +108,12 @@ def jax_rate(
     """(decisions, wall s, CPU s, compile s, bytes per cluster) of the JAX rollout of `clusters`
     episodes routed by the JAX `router`: a first call compiles (ahead of time, reported apart) and
     runs once untimed; timed calls on fresh seeds follow until `min_seconds` have passed. Bytes
-    per cluster are the compiled episode's peak need (XLA's memory analysis: arguments, outputs,
-    temporaries) over the clusters vmapped together in it."""
+    per cluster are the compiled episode's need (XLA's memory analysis: arguments and outputs of
+    every cluster of the call, temporaries of the group vmapped at once) over the clusters."""
     cfg, params = scenarios.make(scenario, **settings)
     routers = [make_rule(router)]
     first = rollout(cfg, params, routers, list(range(clusters)), chunk=chunk)
-    compile_s, per_cluster = first.compile_s, first.memory_bytes / max(first.chunk, 1)
+    compile_s, per_cluster = first.compile_s, first.memory_bytes / clusters
     wall, cpu, runs = 0.0, 0.0, 0
     while runs < 20 and (runs == 0 or wall < min_seconds):
         seeds = list(range((runs + 1) * clusters, (runs + 2) * clusters))
