@@ -6,7 +6,8 @@ information normalised into a flat float32 vector in [0, OBS_HIGH].
 
 Load signals (`running`, `waiting`, `kv_util`, `prefill_tokens`, `prompt_tokens`, `window_age`,
 the power state) are what metric-scraping routers read from the engines (vLLM's /metrics: running
-and waiting requests, KV-cache usage) or count themselves (llm-d's in-flight tokens). With `signal_interval > 0` they are refreshed only at the first
+and waiting requests, KV-cache usage) or count themselves (llm-d's in-flight tokens). With
+`signal_interval > 0` they are refreshed only at the first
 arrival after each multiple of the interval, so the router sees them as they were then
 (llm-d's endpoint picker scrapes every 50 ms; gateway-api-inference-extension
 pkg/epp/backend/metrics). Cache signals (`hit_tokens`, `cached_tokens`) are the engines' own

@@ -10,9 +10,12 @@ and the processes of one test run share compiled programs through JAX's persiste
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
 import shutil
+import sys
 import tempfile
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -26,6 +29,16 @@ from burstgym.rollout import clear_compiled
 from burstgym.types import EMPTY, RUNNING, WAITING, EnvConfig
 
 _CACHE_DIR = pytest.StashKey[str]()
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_script(name: str):
+    """The repository's script `name`.py (train, evaluate) as a module, for tests that call its main."""
+    spec = importlib.util.spec_from_file_location(f"_{name}", ROOT / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses defined in the script look their module up
+    spec.loader.exec_module(module)
+    return module
 
 
 def _kv_used(state, params, cfg):

@@ -6,7 +6,6 @@ training stack."""
 from __future__ import annotations
 
 import base64
-import importlib.util
 import json
 import os
 import pickle
@@ -19,16 +18,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 
-
-def load_script(name: str):
-    spec = importlib.util.spec_from_file_location(f"_{name}", ROOT / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses defined in the script look their module up
-    spec.loader.exec_module(module)
-    return module
 
 
 def one_line(text: str) -> str:

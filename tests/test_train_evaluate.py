@@ -3,7 +3,6 @@ refusals of bad input (in-process: no JAX compile is reached)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -11,17 +10,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--episode-length", "16"]
 
-
-def load_script(name: str):
-    spec = importlib.util.spec_from_file_location(f"_{name}", ROOT / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses defined in the script look their module up
-    spec.loader.exec_module(module)
-    return module
 
 
 def run(script: str, *args: str) -> subprocess.CompletedProcess:
