@@ -29,6 +29,7 @@ import numpy as np  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
+from agents.cli import parse_settings  # noqa: E402
 from agents.routers import make_rule  # noqa: E402
 from burstgym import reference, scenarios  # noqa: E402
 from burstgym.gym_env import BurstBalanceEnv, BurstBalanceVectorEnv  # noqa: E402
@@ -94,8 +95,14 @@ def reference_rate(scenario: str, settings: dict, episodes: int) -> tuple[int, f
         actions = np.arange(e) % len(nodes)
         clock = Clock()
         reference.simulate(
-            nodes, req.arrival[:e], req.prompt[:e], req.output[:e], actions, chunk_ids=req.chunk_ids[:e],
-            id_tokens=req.id_tokens[:e], grain=env.cfg.chunk_tokens,
+            nodes,
+            req.arrival[:e],
+            req.prompt[:e],
+            req.output[:e],
+            actions,
+            chunk_ids=req.chunk_ids[:e],
+            id_tokens=req.id_tokens[:e],
+            grain=env.cfg.chunk_tokens,
         )
         w, c = clock.read()
         wall, cpu, total = wall + w, cpu + c, total + e
@@ -134,6 +141,7 @@ def profile_step(
     parts run on the slot tables cut to the narrowest width (`burstgym.env`, "Slot widths"), over
     the steps that width holds (the first row says how many); the whole step runs on every step."""
     from burstgym import cluster
+    from burstgym import prefix_cache as pc
     from burstgym.cluster import Accrual, Cluster
     from burstgym.env import BurstBalance, needed_width
     from burstgym.observation import action_mask
@@ -181,7 +189,7 @@ def profile_step(
 
     def loop(s, a, passes):  # the event loop of cluster.advance, counted, or `passes` passes of it
         r, until = routed(s, a)
-        geo = cluster.geometry(r.slots, s.requests, s.cache, cfg)
+        geo = cluster.geometry(r.slots, s.requests, params, cfg)
         z = jnp.zeros(n)
 
         def due(k):
@@ -193,7 +201,8 @@ def profile_step(
             k, acc = cluster._handle_events(k, acc, tau, act, until, geo, params, cfg)
             return (k, acc, *due(k), i + 1)
 
-        k0 = Cluster(r.slots, r.nodes, s.cache)
+        at = jax.vmap(pc.locate)(s.cache, geo.chunks.ids) if geo is not None else None
+        k0 = Cluster(r.slots, r.nodes, s.cache, at)
         c0 = (k0, Accrual(z, z, z), *due(k0), jnp.int32(0))
         if passes is None:
             return jax.lax.while_loop(lambda c: c[3].any(), body, c0)[4]
@@ -202,17 +211,21 @@ def profile_step(
     count = jax.jit(lambda st, a: jax.lax.map(lambda x: loop(*x, None), (st, a)))
     passes = np.asarray(count(states, actions))
     every = [
-        ("whole step: view + router + step_env (every step)",
-         lambda s, a: core.step_env(s, decide(s), params)[1]),
+        (
+            "whole step: view + router + step_env (every step)",
+            lambda s, a: core.step_env(s, decide(s), params)[1],
+        ),
         ("step_env (every step, at the width each needs)", lambda s, a: core.step_env(s, a, params)[1]),
     ]
     narrow = [
-        (f"  at width {width}: route, event loop, accrual (_route_advance)",
-         lambda s, a: core._route_advance(s, a, params)),
+        (
+            f"  at width {width}: route, event loop, accrual (_route_advance)",
+            lambda s, a: core._route_advance(s, a, params),
+        ),
         ("    route (admission to the slot table)", lambda s, a: routed(s, a)[0]),
         (
             "    route + prefix geometry of the slots",
-            lambda s, a: cluster.geometry(routed(s, a)[0].slots, s.requests, s.cache, cfg),
+            lambda s, a: cluster.geometry(routed(s, a)[0].slots, s.requests, params, cfg),
         ),
         ("    route + geometry + one event-loop pass", lambda s, a: loop(s, a, 1)),
         ("router view (cache hits, signals)", lambda s, a: core.view(s, params)),
@@ -255,18 +268,31 @@ def main() -> None:
     ap.add_argument("--episodes", type=int, default=1, help="timed episodes per configuration")
     ap.add_argument("--json", help="also write the figures to this JSON file")
     ap.add_argument("--profile", action="store_true", help="only profile one step of one cluster (CPU us)")
+    ap.add_argument(
+        "--set",
+        nargs="*",
+        default=[],
+        metavar="KEY=VALUE",
+        help="scenario settings (e.g. trace=PATH chunk_widths=[])",
+    )
     args = ap.parse_args()
+    try:
+        extra = parse_settings(args.set)
+    except ValueError as e:
+        ap.error(str(e))
     if args.profile:
-        settings = {"episode_length": args.episode_length}
-        print(f"{args.scenario}: CPU microseconds per routing step, one cluster, episode_length "
-              f"{args.episode_length}, jax {jax.__version__} on {device_name()}")
+        settings = {"episode_length": args.episode_length, **extra}
+        print(
+            f"{args.scenario}: CPU microseconds per routing step, one cluster, episode_length "
+            f"{args.episode_length}, jax {jax.__version__} on {device_name()}"
+        )
         for name, us in profile_step(args.scenario, settings):
             print(f"  {name:56s} {us:9.1f}")
         return
     chunk = {"auto": "auto", "all": None}[args.chunk] if args.chunk in ("auto", "all") else int(args.chunk)
     gpu = jax.default_backend() != "cpu" if args.gpu_sizes is None else args.gpu_sizes
     sizes = list(args.jax_clusters) + [g for g in GPU_SIZES if g not in args.jax_clusters]
-    settings = {"episode_length": args.episode_length}
+    settings = {"episode_length": args.episode_length, **extra}
     console = Console(width=max(Console().width, 120))
     device = device_name()
     load_start = os.getloadavg()  # other work on the machine inflates wall times
@@ -318,8 +344,14 @@ def main() -> None:
             with console.status(f"jax rollout, {router} x{c}"):
                 measured = jax_rate(c, router, args.scenario, settings, chunk)
             entry(
-                name, "jax rollout", c, measured[:3], router=router, compile_s=measured[3],
-                bytes_per_cluster=measured[4], chunk=str(chunk),
+                name,
+                "jax rollout",
+                c,
+                measured[:3],
+                router=router,
+                compile_s=measured[3],
+                bytes_per_cluster=measured[4],
+                chunk=str(chunk),
             )
             last = measured[0] / measured[1]
     single = rates["gymnasium env (1)"]

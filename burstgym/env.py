@@ -22,6 +22,14 @@ and the arriving one, and the slots beyond `w` (all free) are left as they were.
 chosen by a `lax.switch` on the state, one branch compiled per width. A batch of clusters runs at
 the width its fullest cluster needs, the switch outside the vmap (a switch on a batched index would
 run every branch).
+
+Chunk widths: with prefix caching, a slot's chunks are a row of `B` entries, `B` the most chunks any
+request of the stream has (a trace's longest prompt), while most requests have far fewer (the
+Mooncake trace: median 23 of 374). A step on the narrowest slot tables also runs on the first `c`
+chunks of every request, for the narrowest `c` in `chunk_widths(cfg, B)` that holds every chunk of
+the requests in the slots, the arriving one and the next (whose view the step returns); the chunks
+beyond are all absent (-1), so nothing depends on `c` but the cost. Each chunk width is one more
+branch of the same switch (compiled once), on the narrowest slot width only.
 """
 
 from __future__ import annotations
@@ -118,6 +126,26 @@ def service_times(requests: Requests, params: EnvParams, cfg: EnvConfig) -> Serv
 def slot_widths(cfg: EnvConfig) -> tuple[int, ...]:
     """The table widths a step can run at, narrowest first: `cfg.slot_widths` below `cfg.slots`, then it."""
     return tuple(sorted({w for w in cfg.slot_widths if 0 < w < cfg.slots})) + (cfg.slots,)
+
+
+def chunk_widths(cfg: EnvConfig, chunks: int) -> tuple[int, ...]:
+    """The chunk widths a step can run at on the narrowest slot tables, narrowest first:
+    `cfg.chunk_widths` below `chunks` (the stream's B), then B."""
+    return tuple(sorted({w for w in cfg.chunk_widths if 0 < w < chunks})) + (chunks,)
+
+
+def needed_chunks(state: State, chunk_tokens: int) -> jax.Array:
+    """[] chunks per request a step needs: the most any request in a slot, the arriving request or
+    the next one has (over every leading axis, as `needed_width`)."""
+    n = prefix_cache.ceil_div(state.requests.id_tokens, chunk_tokens)  # [..., R]
+    rows = n.shape[-1]
+    lead = n.shape[:-1]
+    slots = state.slots
+    req = jnp.clip(slots.req, 0, rows - 1).reshape(lead + (-1,))
+    held = jnp.where((slots.status != EMPTY).reshape(lead + (-1,)), jnp.take_along_axis(n, req, axis=-1), 0)
+    k = jnp.asarray(state.step)[..., None]
+    routed = jnp.take_along_axis(n, jnp.clip(jnp.concatenate([k, k + 1], axis=-1), 0, rows - 1), axis=-1)
+    return jnp.maximum(held.max(), routed.max())
 
 
 def needed_width(slots: Slots) -> jax.Array:
@@ -323,19 +351,34 @@ class BurstBalance:
 
     def _at_width(self, state: State, step) -> tuple:
         """`step(state)` -> (obs, state, reward, done, info) run on the narrowest slot tables that
-        hold `state` (one cluster or a batch; see "Slot widths" above)."""
+        hold `state` (one cluster or a batch; see "Slot widths" above) and, on the narrowest
+        slot tables, on the fewest chunks per request that hold it ("Chunk widths")."""
 
-        def branch(width: int):
+        def branch(width: int, chunks: int | None):
             def run(st: State):
-                out = step(_with_slots(st, _narrow(st.slots, width)))
-                return (out[0], _with_slots(out[1], _widen(st.slots, out[1].slots)), *out[2:])
+                narrow = _with_slots(st, _narrow(st.slots, width))
+                if chunks is not None:
+                    ids = st.requests.chunk_ids[..., :chunks]
+                    narrow = narrow._replace(requests=st.requests._replace(chunk_ids=ids))
+                out = step(narrow)
+                new = _with_slots(out[1], _widen(st.slots, out[1].slots))._replace(requests=st.requests)
+                return (out[0], new, *out[2:])
 
             return run
 
-        if len(self.widths) == 1:
-            return branch(self.widths[0])(state)
+        b = state.requests.chunk_ids.shape[-1]
+        narrow_chunks = chunk_widths(self.cfg, b)[:-1] if self.cfg.prefix_caching else ()
+        branches = [branch(self.widths[0], c) for c in narrow_chunks]
+        branches += [branch(w, None) for w in self.widths]
+        if len(branches) == 1:
+            return branches[0](state)
         index = jnp.searchsorted(jnp.asarray(self.widths, jnp.int32), needed_width(state.slots))
-        return jax.lax.switch(index, [branch(w) for w in self.widths], state)
+        if narrow_chunks:
+            by_chunks = jnp.searchsorted(
+                jnp.asarray(narrow_chunks, jnp.int32), needed_chunks(state, self.cfg.chunk_tokens)
+            )
+            index = jnp.where(index == 0, by_chunks, index + len(narrow_chunks))
+        return jax.lax.switch(index, branches, state)
 
     def step_env(
         self, state: State, action: jax.Array, params: EnvParams

@@ -85,6 +85,9 @@ class Settings:
     queue_capacity: int = 64  # waiting requests per node beyond which arrivals are dropped
     slots: int | None = None  # requests a node's table holds; None: all it can hold
     slot_widths: tuple[int, ...] = (32, 128)  # narrower tables a step may run at (burstgym.env); () none
+    chunk_widths: tuple[int, ...] = (
+        128,
+    )  # fewer chunks per request a step may run at (burstgym.env); () none
     sleep_timeout: float = math.inf  # seconds idle and empty before a node sleeps
     wake_delay: float = 0.0  # seconds from an arrival at a sleeping node until it can run
     sleep_power_fraction: float = 0.3  # sleeping power as a fraction of idle power (assumed)
@@ -167,13 +170,14 @@ class Settings:
                 raise ValueError(
                     f"scenario setting {name!r} must be True or False, got {getattr(self, name)!r}"
                 )
-        if not isinstance(self.slot_widths, tuple):
-            raise ValueError(
-                "scenario setting 'slot_widths' must be a tuple of positive integers, "
-                f"got {self.slot_widths!r}"
-            )
-        for w in self.slot_widths:
-            _check_int("slot_widths", w, 1, INT32_MAX, f" (each entry of {self.slot_widths!r})")
+        for name in ("slot_widths", "chunk_widths"):
+            widths = getattr(self, name)
+            if not isinstance(widths, tuple):
+                raise ValueError(
+                    f"scenario setting {name!r} must be a tuple of positive integers, got {widths!r}"
+                )
+            for w in widths:
+                _check_int(name, w, 1, INT32_MAX, f" (each entry of {widths!r})")
         for name in ("profile", "speed"):
             v = getattr(self, name)
             if isinstance(v, tuple) and len(v) != self.n_nodes:
@@ -623,6 +627,7 @@ def make(name: str, **overrides) -> tuple[EnvConfig, EnvParams]:
         end=s.end,
         slots=s.slots or exact,
         slot_widths=tuple(int(w) for w in s.slot_widths),
+        chunk_widths=tuple(int(w) for w in s.chunk_widths),
         prefix_caching=s.scheduler == "continuous" and s.prefix_caching and chunk > 0,
         chunk_tokens=chunk or 512,
         cache_entries=entries,

@@ -48,6 +48,9 @@ class EnvConfig:
     slots: int = 128  # S, requests a node can hold; more raises a slot-overflow error
     # Narrower slot tables a step may run at (burstgym.env, "Slot widths"); () runs every step at S.
     slot_widths: tuple[int, ...] = (32, 128)
+    # Fewer prefix chunks per request a step may run at, on the narrowest slot tables
+    # (burstgym.env, "Chunk widths"); () runs every step at the stream's B.
+    chunk_widths: tuple[int, ...] = (128,)
     prefix_caching: bool = False  # continuous batching: per-node prefix cache (traced only when True)
     chunk_tokens: int = 512  # G, tokens per prefix-cache chunk (a multiple of every node's block_size)
     # Chunks a node's prefix cache holds at most (burstgym.prefix_cache.entry_bound); sizes its table.

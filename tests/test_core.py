@@ -11,7 +11,7 @@ import pytest
 from conftest import BASE, base, rollout, rollout_fn
 
 from burstgym import scenarios
-from burstgym.env import BurstBalance
+from burstgym.env import BurstBalance, chunk_widths, needed_chunks
 from burstgym.latency import LatencyModel
 from burstgym.reward import objective_from_log
 from burstgym.workload import EmpiricalLengths, PoissonArrivals, Workload
@@ -204,8 +204,10 @@ def test_step_time_is_affine_in_kv_tokens():
 
 def test_steps_on_narrow_slot_tables_equal_full_width_steps() -> None:
     """A step runs on the narrowest slot table that holds every node's requests plus the arriving
-    one (burstgym.env, "Slot widths"). An episode whose nodes fill past the narrow widths gives the
-    same fates, latencies, rewards and prefix-cache totals as the same episode at full width."""
+    one (burstgym.env, "Slot widths"), and there on the fewest chunks per request that hold them
+    ("Chunk widths"). An episode whose nodes fill past the narrow widths and whose requests have
+    more chunks than the narrow chunk width gives the same fates, latencies, rewards and
+    prefix-cache totals as the same episode at full width."""
     cfg, params = scenarios.make(
         "prefix",
         **{
@@ -222,9 +224,15 @@ def test_steps_on_narrow_slot_tables_equal_full_width_steps() -> None:
     )
     assert cfg.prefix_caching and cfg.slots == 16
     actions = np.arange(cfg.episode_length) % cfg.n_nodes
-    narrow = dataclasses.replace(cfg, slot_widths=(2, 4))
-    wide = dataclasses.replace(cfg, slot_widths=())
+    narrow = dataclasses.replace(cfg, slot_widths=(2, 4), chunk_widths=(4,))
+    wide = dataclasses.replace(cfg, slot_widths=(), chunk_widths=())
     assert BurstBalance(narrow).widths == (2, 4, 16) and BurstBalance(wide).widths == (cfg.slots,)
+    _, first = BurstBalance(narrow).reset(jax.random.key(0), params)
+    b = first.requests.chunk_ids.shape[-1]
+    assert chunk_widths(narrow, b) == (4, b) and chunk_widths(wide, b) == (b,)
+    per_request = -(-np.asarray(first.requests.id_tokens) // cfg.chunk_tokens)
+    assert (per_request <= 4).mean() > 0.5 and (per_request > 4).any()  # both chunk widths are needed
+    assert int(needed_chunks(first, cfg.chunk_tokens)) == per_request[:2].max()  # empty slots: k, k + 1
     _, _, st_n, tr_n = rollout(narrow, params, 0, actions)
     _, _, st_w, tr_w = rollout(wide, params, 0, actions)
     per_node = (tr_n["running"] + tr_n["waiting"]).max(axis=1)  # after each step
