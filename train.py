@@ -1,4 +1,5 @@
-"""Train a Stable-Baselines3 router on a burstgym scenario.
+"""Train a router on a burstgym scenario, with Stable-Baselines3 or the JAX learner (--algo jax-ppo):
+the same network (`agents.model`), warm start, held-out evaluation and run directory either way.
 
     python train.py                                   # PPO on "prefix" (shared prefixes, prefix caching)
     python train.py --scenario bursty-dynamic --algo ppo --timesteps 2000000 --n-envs 512 --seed 1
@@ -35,6 +36,7 @@ import argparse
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -48,8 +50,6 @@ from agents.cli import parse_settings  # noqa: E402
 from agents.hyperparams import conf_file, load, normalize_kwargs  # noqa: E402
 from agents.learners import (  # noqa: E402
     ALGOS,
-    BC_BATCH,
-    BC_EPOCHS,
     DEVICES,
     JAX_ALGOS,
     PolicyRouter,
@@ -61,8 +61,10 @@ from agents.learners import (  # noqa: E402
     make_model,
     normalize_env,
     save_normalization,
+    statistics_path,
     vecnormalize_path,
 )
+from agents.policies import NODE_SCORING  # noqa: E402
 from agents.rollout import Rollout  # noqa: E402
 from agents.routers import ROUTERS, make_router  # noqa: E402
 from agents.runs import (  # noqa: E402
@@ -76,6 +78,7 @@ from agents.runs import (  # noqa: E402
     resumed_dir,
 )
 from agents.sb3_vec_env import JaxVecEnv  # noqa: E402
+from agents.warm_start import BC_BATCH, BC_EPOCHS  # noqa: E402
 from burstgym import scenarios  # noqa: E402
 from burstgym.types import EnvConfig  # noqa: E402
 
@@ -121,11 +124,12 @@ LAYOUT = {
 
 
 class TrainingStartCallback(BaseCallback):
-    """At the start of training: the custom-scalars layout (once) and the warm start's results."""
+    """At the start of SB3's training: the custom-scalars layout (once) and `records` (the warm
+    start's results; SB3's logger exists only from here on)."""
 
-    def __init__(self, records: dict[str, float] | None = None):
+    def __init__(self, records: dict[str, float]):
         super().__init__()
-        self.records = records or {}
+        self.records = records
 
     def _on_training_start(self) -> None:
         for fmt in self.logger.output_formats:
@@ -155,14 +159,242 @@ class ServingMetricsCallback(BaseCallback):
         return True
 
 
+class AfterStepCallback(BaseCallback):
+    """`after_step` (train's evaluations and checkpoints) after every step; ends `learn` at the
+    next step once SIGINT or SIGTERM arrived (`StopOnSignal`)."""
+
+    def __init__(self, after_step: Callable[[], None], stop: StopOnSignal):
+        super().__init__()
+        self.after_step, self.stop = after_step, stop
+
+    def _on_step(self) -> bool:
+        self.after_step()
+        return self.stop.signal is None
+
+
+class SB3Learner:
+    """An SB3 model on its vector env, as `train` drives a learner: `warm_start`, `learn` (SB3's
+    loop, with `after_step` called after every environment step), `router`, `log`, `save`."""
+
+    suffix = "zip"
+
+    def __init__(self, run: Run, args: argparse.Namespace, old: dict[str, Any]):
+        cfg = run.config
+        env = JaxVecEnv(
+            cfg["n_envs"], cfg["scenario"], seed=cfg["seed"], stagger=cfg["stagger"], **cfg["settings"]
+        )
+        if args.resume:
+            stats = vecnormalize_path(args.resume)
+            if stats is None and old.get("normalize"):
+                raise FileNotFoundError(
+                    f"checkpoint {args.resume!r} has no normalisation statistics beside it"
+                )
+            if stats is not None:
+                env = load_normalization(stats, env, training=True, allow_pickle=args.allow_pickle)
+            self.model = load_model(
+                args.resume,
+                run.algo,
+                env=env,
+                device=cfg["device"],
+                config=old,
+                allow_pickle=args.allow_pickle,
+            )
+            self.model.set_random_seed(cfg["seed"])
+            self.model.tensorboard_log = str(run.dir / "tb")
+        else:
+            env = normalize_env(env, normalize_kwargs(cfg["hyperparams"]))
+            self.model = make_model(
+                run.algo,
+                env,
+                cfg["scenario"],
+                cfg["seed"],
+                str(run.dir / "tb"),
+                device=cfg["device"],
+                entry=cfg["hyperparams"],
+            )
+        self.env, self.resumed, self.learning = env, bool(args.resume), False
+        self.algo, self.timesteps = run.algo, cfg["timesteps_planned"]
+
+    @property
+    def num_timesteps(self) -> int:
+        """Environment steps trained so far (a resumed run's included)."""
+        return int(self.model.num_timesteps)
+
+    def warm_start(self, teacher: str, steps: int) -> dict[str, float]:
+        """Behaviour cloning of the router `teacher` (`agents.learners.behaviour_clone`)."""
+        return behaviour_clone(
+            self.model, self.env, make_router(teacher, int(self.model.action_space.n)), steps
+        )
+
+    def learn(
+        self, after_step: Callable[[], None], stop: StopOnSignal, records: dict[str, float], progress: bool
+    ) -> dict[str, Any]:
+        """SB3's `learn` for the planned steps, `records` logged at its start; returns nothing
+        more for config.json."""
+        callbacks = [
+            TrainingStartCallback(records),
+            ServingMetricsCallback(),
+            AfterStepCallback(after_step, stop),
+        ]
+        self.learning = True
+        self.model.learn(
+            self.timesteps,
+            callback=CallbackList(callbacks),
+            progress_bar=progress,
+            reset_num_timesteps=not self.resumed,
+            tb_log_name=self.algo,
+        )
+        self.learning = False
+        return {}
+
+    def router(self, name: str, deterministic: bool) -> PolicyRouter:
+        """The current policy as a router (with the live normalisation statistics)."""
+        return PolicyRouter(self.model, name, deterministic, self.model.get_vec_normalize_env())
+
+    def log(self, records: dict[str, float]) -> None:
+        """Record `records` in SB3's log (written with the next rollout's, or now after `learn`)."""
+        for key, value in records.items():
+            self.model.logger.record(key, value)
+        if not self.learning:
+            self.model.logger.dump(self.num_timesteps)
+
+    def save(self, path: Path) -> None:
+        """The model (atomically) and its normalisation statistics as JSON beside it, named as
+        `agents.learners.vecnormalize_path` finds them."""
+        with atomic(path) as tmp:
+            self.model.save(tmp)
+        norm = self.model.get_vec_normalize_env()
+        if norm is not None:
+            save_normalization(norm, statistics_path(path))
+
+    def close(self) -> None:
+        """Close the vector env."""
+        self.env.close()
+
+
+class JaxLearner:
+    """The JAX learner (`agents.jax_ppo.JaxPPO`) as `train` drives a learner (`SB3Learner`'s
+    methods): its own loop of jitted updates, TensorBoard written by a SummaryWriter, checkpoints
+    that hold their observation statistics and optimiser state (so --resume continues them)."""
+
+    suffix = "msgpack"
+
+    def __init__(self, run: Run, args: argparse.Namespace, old: dict[str, Any]):
+        from agents.jax_ppo import JaxPPO, PPOConfig, load_checkpoint
+
+        cfg = run.config
+        env_cfg, params = scenarios.make(cfg["scenario"], **cfg["settings"])
+        self.ppo = PPOConfig.from_entry(cfg["hyperparams"], cfg["conf_file"])
+        self.learner = JaxPPO(
+            env_cfg, params, self.ppo, cfg["n_envs"], cfg["timesteps_planned"], stagger=cfg["stagger"]
+        )
+        self.learner.setup(cfg["seed"], resume=load_checkpoint(args.resume) if args.resume else None)
+        self.tb = run.dir / "tb" / f"{run.algo}_1"
+        self.writer: Any = None
+
+    @property
+    def num_timesteps(self) -> int:
+        """Environment steps trained so far (a resumed run's included)."""
+        return int(self.learner.num_timesteps)
+
+    def warm_start(self, teacher: str, steps: int) -> dict[str, float]:
+        """Behaviour cloning of the JAX twin of the router `teacher` (`JaxPPO.warm_start`)."""
+        from agents.routers import make_rule
+
+        return self.learner.warm_start(make_rule(teacher), steps, BC_EPOCHS, BC_BATCH)
+
+    def learn(
+        self, after_step: Callable[[], None], stop: StopOnSignal, records: dict[str, float], progress: bool
+    ) -> dict[str, Any]:
+        """The planned updates, each logged, `after_step` after each; `records` logged first.
+        Returns the rates for config.json: the backend, the compile time (the first update's) and
+        the steps per second of the compiled updates (rollout and optimisation; evaluations and
+        saving apart)."""
+        import jax
+        from torch.utils.tensorboard import SummaryWriter
+        from tqdm import tqdm
+
+        learner, batch = self.learner, self.learner.n_envs * self.ppo.n_steps
+        self.writer = SummaryWriter(str(self.tb))
+        self.writer.add_custom_scalars(LAYOUT)
+        self.log(records)
+        start, start_steps, compile_s, update_s, updates = time.time(), learner.num_timesteps, 0.0, 0.0, 0
+        bar = tqdm(total=learner.n_updates * batch, disable=not progress, unit="step")
+        for k in range(learner.n_updates):
+            if stop.signal:
+                break
+            t0 = time.time()
+            logs = learner.update()
+            updates += 1
+            if k == 0:
+                compile_s = time.time() - t0  # the first call compiles the update
+            else:
+                update_s += time.time() - t0
+            logs["time/fps"] = (learner.num_timesteps - start_steps) / (time.time() - start)
+            self.log(logs)
+            bar.update(batch)
+            after_step()
+        bar.close()
+        steady = (updates - 1) * batch / max(update_s, 1e-9)
+        return {
+            "device": jax.default_backend(),
+            "steps_per_second_compiled": round(steady, 1) if updates > 1 else None,
+            "compile_seconds": round(compile_s, 1),
+        }
+
+    def router(self, name: str, deterministic: bool) -> Any:
+        """The current policy as a router (a snapshot)."""
+        return self.learner.router(name, deterministic)
+
+    def log(self, records: dict[str, float]) -> None:
+        """Write `records` to TensorBoard at the current step."""
+        for key, value in records.items():
+            self.writer.add_scalar(key, value, self.learner.num_timesteps)
+
+    def save(self, path: Path) -> None:
+        """A checkpoint with the statistics and optimiser state (`JaxPPO.save`)."""
+        self.learner.save(path)
+
+    def close(self) -> None:
+        """Close the TensorBoard writer."""
+        if self.writer is not None:
+            self.writer.close()
+
+
 class HeldOut:
     """A learned policy (argmax and sampled actions) against round-robin on the same held-out seeds
-    (`eval/...`)."""
+    (`eval/...`), due every `every` steps from `start`; the best argmax policy so far is saved to
+    `best` (model selection on held-out seeds, as rl-zoo3's best_model)."""
 
-    def __init__(self, scenario: str, settings: dict[str, Any], n_seeds: int):
+    def __init__(
+        self, scenario: str, settings: dict[str, Any], n_seeds: int, every: int, start: int, best: Path
+    ):
         self.rollout = Rollout(scenario, **settings)
         self.baseline = make_router("round-robin", self.rollout.cfg.n_nodes)
         self.seeds = list(range(EVAL_SEED_BASE, EVAL_SEED_BASE + n_seeds))
+        self.every, self.next_at, self.best, self.best_cost = every, start + every, best, float("inf")
+        self.last: tuple[int, dict[str, float]] | None = None  # (steps, records) of the latest
+
+    def due(self, steps: int) -> bool:
+        """Whether an evaluation is due at `steps` (then the next one is `every` steps later)."""
+        if steps < self.next_at:
+            return False
+        self.next_at += self.every
+        return True
+
+    def evaluate(self, learner: SB3Learner | JaxLearner) -> dict[str, float]:
+        """Evaluate `learner`'s current policy now (at most once per step count), log the records
+        and save the policy if it is the best so far; returns the records."""
+        steps = learner.num_timesteps
+        if self.last is not None and self.last[0] == steps:
+            return self.last[1]
+        out = self.run({m: learner.router(f"learned-{m}", m == "deterministic") for m in MODES})
+        learner.log(out)
+        if out["eval/objective_learned_deterministic"] < self.best_cost:
+            self.best_cost = out["eval/objective_learned_deterministic"]
+            learner.save(self.best)
+        self.last = (steps, out)
+        return out
 
     def run(self, learned: dict[str, Any]) -> dict[str, float]:
         """`learned`: a router per mode of MODES; returns the `eval/...` records."""
@@ -179,95 +411,6 @@ class HeldOut:
             out[f"eval/e2e_p99_learned_{mode}"] = float(ep.metrics["e2e_p99"].mean())
             out[f"eval/skew_index_learned_{mode}"] = float(ep.metrics["skew_index"].mean())
         return out
-
-
-class EvalVsRoundRobin(BaseCallback):
-    """Every `every` timesteps, the held-out evaluation (`HeldOut`); the best argmax policy is saved
-    with its normalisation statistics. Skipped once a stop is asked for (`stop`)."""
-
-    def __init__(
-        self,
-        scenario: str,
-        settings: dict[str, Any],
-        every: int,
-        n_seeds: int,
-        best_path: Path,
-        stop: StopOnSignal | None = None,
-    ):
-        super().__init__()
-        self.best_path = best_path
-        self.best = float("inf")
-        self.held_out = HeldOut(scenario, settings, n_seeds)
-        self.every = every
-        self.next_at = every
-        self.stop = stop
-        self.last: tuple[int, dict[str, float]] | None = None  # (timesteps, records) of the latest
-
-    def _on_step(self) -> bool:
-        if self.every > 0 and self.num_timesteps >= self.next_at and not (self.stop and self.stop.signal):
-            self.next_at += self.every
-            self.evaluate()
-        return True
-
-    def evaluate(self) -> dict[str, float]:
-        """Run the evaluation now and record it (at most once per timestep count)."""
-        if self.last is not None and self.last[0] == self.num_timesteps:
-            return self.last[1]
-        norm = self.model.get_vec_normalize_env()
-        learned = {m: PolicyRouter(self.model, f"learned-{m}", m == "deterministic", norm) for m in MODES}
-        out = self.held_out.run(learned)
-        for k, v in out.items():
-            self.logger.record(k, v)
-        cost = out["eval/objective_learned_deterministic"]
-        if cost < self.best:  # model selection on held-out seeds, as rl-zoo3's best_model
-            self.best = cost
-            save_sb3(self.model, self.best_path)
-        self.last = (self.num_timesteps, out)
-        return out
-
-
-def save_sb3(model, path: Path) -> None:
-    """Save an SB3 model (atomically) and its normalisation statistics as JSON beside it
-    (`<stem>_vecnormalize.json`, or `vecnormalize.json` for `model.zip`)."""
-    with atomic(path) as tmp:
-        model.save(tmp)
-    norm = model.get_vec_normalize_env()
-    if norm is not None:
-        name = "vecnormalize.json" if path.name == "model.zip" else f"{path.stem}_vecnormalize.json"
-        save_normalization(norm, path.with_name(name))
-
-
-class CheckpointCallback(BaseCallback):
-    """SB3's side of `Checkpoints`: the model and its statistics (`rl_model_<N>_steps.zip`,
-    `rl_model_vecnormalize_<N>_steps.json`, the names SB3's CheckpointCallback uses)."""
-
-    def __init__(self, checkpoints: Checkpoints):
-        super().__init__()
-        self.checkpoints = checkpoints
-
-    def _write(self, path: Path) -> None:
-        with atomic(path) as tmp:
-            self.model.save(tmp)
-        norm = self.model.get_vec_normalize_env()
-        if norm is not None:
-            steps = self.num_timesteps
-            save_normalization(norm, path.with_name(f"rl_model_vecnormalize_{steps}_steps.json"))
-
-    def _on_step(self) -> bool:
-        if self.checkpoints.due(self.num_timesteps):
-            self.checkpoints.save(self.num_timesteps, self._write)
-        return True
-
-
-class StopCallback(BaseCallback):
-    """Ends `learn` at the next step once SIGINT or SIGTERM arrived (`StopOnSignal`)."""
-
-    def __init__(self, stop: StopOnSignal):
-        super().__init__()
-        self.stop = stop
-
-    def _on_step(self) -> bool:
-        return self.stop.signal is None
 
 
 def print_held_out(records: dict[str, float]) -> None:
@@ -404,6 +547,12 @@ def plan(args: argparse.Namespace) -> tuple[Run, dict[str, Any]]:
         scenario = args.scenario or env_defaults.pop("scenario", "prefix")
         entry = load(algo, scenario, conf)
         settings = {k: v for k, v in (entry.get("env_kwargs") or {}).items() if k != "scenario"}
+    policy = entry.get("policy", "MlpPolicy")
+    if args.bc_teacher != "none" and not args.resume and algo in ALGOS and policy not in NODE_SCORING:
+        raise ValueError(
+            f"--bc-teacher fits the node-scoring network ({', '.join(NODE_SCORING)}), not policy "
+            f"{policy!r}; use --bc-teacher none"
+        )
     if args.episode_length is not None:
         settings["episode_length"] = args.episode_length
     settings.update(parse_settings(args.set))
@@ -475,200 +624,62 @@ def finish(run: Run, stop: StopOnSignal, model_path: Path, steps: int, **extra: 
 
 
 def train(args: argparse.Namespace, stop: StopOnSignal) -> int:
-    """Train as `args` say; returns the exit status."""
+    """Train as `args` say, with whichever learner the run's algorithm names; returns the exit
+    status."""
     run, old = plan(args)
     torch.set_num_threads(args.torch_threads)
-    if run.algo in JAX_ALGOS:
-        return train_jax(args, run, stop)
     cfg = run.config
-    scenario, settings, n_envs, seed, algo = (
-        cfg["scenario"],
-        cfg["settings"],
-        cfg["n_envs"],
-        cfg["seed"],
-        run.algo,
-    )
-    env = JaxVecEnv(n_envs, scenario, seed=seed, stagger=cfg["stagger"], **settings)
-    records: dict[str, float] = {}
-    if args.resume:
-        stats = vecnormalize_path(args.resume)
-        if stats is None and old.get("normalize"):
-            raise FileNotFoundError(f"checkpoint {args.resume!r} has no normalisation statistics beside it")
-        if stats is not None:
-            env = load_normalization(stats, env, training=True, allow_pickle=args.allow_pickle)
-        model = load_model(
-            args.resume, algo, env=env, device=cfg["device"], config=old, allow_pickle=args.allow_pickle
-        )
-        model.set_random_seed(seed)
-        model.tensorboard_log = str(run.dir / "tb")
-        run.begin()
-        run.update(resumed_at=int(model.num_timesteps), timesteps=int(model.num_timesteps))
-    else:
-        env = normalize_env(env, normalize_kwargs(cfg["hyperparams"]))
-        model = make_model(
-            algo, env, scenario, seed, str(run.dir / "tb"), device=cfg["device"], entry=cfg["hyperparams"]
-        )
-        run.begin()
-        if cfg["bc_teacher"] and not stop.signal:
-            teacher = make_router(cfg["bc_teacher"], int(model.action_space.n))
-            bc = behaviour_clone(model, env, teacher, args.bc_steps)
-            records = {f"bc/{k}": bc[k] for k in ("agreement", "value_explained_variance")}
-            run.update(bc=bc)
-            print(
-                f"imitated {cfg['bc_teacher']} for {bc['samples']} steps: agreement {bc['agreement']:.3f}, "
-                f"critic explained variance {bc['value_explained_variance']:.3f}"
-            )
-    timesteps = cfg["timesteps_planned"]
-    checkpoints = Checkpoints(run, args.checkpoint_every, timesteps, int(model.num_timesteps), "zip")
-    callbacks = [
-        StopCallback(stop),
-        TrainingStartCallback(records),
-        ServingMetricsCallback(),
-        CheckpointCallback(checkpoints),
-    ]
-    evaluator = None
-    if args.eval_every > 0:
-        best = run.dir / "best_model.zip"
-        evaluator = EvalVsRoundRobin(scenario, settings, args.eval_every, args.eval_seeds, best, stop)
-        callbacks.append(evaluator)
-    start = time.time()
-    model.learn(
-        timesteps,
-        callback=CallbackList(callbacks),
-        progress_bar=not args.no_progress,
-        reset_num_timesteps=not args.resume,
-        tb_log_name=algo,
-    )
-    seconds = time.time() - start
-    final_eval = {}
-    if evaluator is not None and not stop.signal:
-        final_eval = evaluator.evaluate()
-        model.logger.dump(model.num_timesteps)
-    save_sb3(model, run.dir / "model.zip")
-    env.close()
-    steps = int(model.num_timesteps)
-    done = steps - int(cfg.get("resumed_at") or 0)
-    code = finish(
-        run,
-        stop,
-        run.dir / "model.zip",
-        steps,
-        steps_per_second=round(done / max(seconds, 1e-9), 1),
-        final_eval=final_eval,
-    )
-    if not stop.signal:
-        print(
-            f"saved {run.dir / 'model.zip'} after {steps} steps in {seconds:.0f} s "
-            f"({run.config['steps_per_second']} steps/s)"
-        )
-        print_held_out(final_eval)
-    return code
-
-
-def train_jax(args: argparse.Namespace, run: Run, stop: StopOnSignal) -> int:
-    """Train with the JAX learner (`agents.jax_ppo`): the same files, logs and evaluation as an SB3
-    run, the model as `.msgpack` checkpoints that hold their observation statistics and
-    optimiser state (so --resume continues them)."""
-    import jax
-    from torch.utils.tensorboard import SummaryWriter
-    from tqdm import tqdm
-
-    from agents.jax_ppo import JaxPPO, PPOConfig, load_checkpoint
-    from agents.routers import make_rule
-
-    cfg = run.config
-    scenario, settings = cfg["scenario"], cfg["settings"]
-    env_cfg, params = scenarios.make(scenario, **settings)
-    ppo = PPOConfig.from_entry(cfg["hyperparams"], cfg["conf_file"])
-    learner = JaxPPO(env_cfg, params, ppo, cfg["n_envs"], cfg["timesteps_planned"], stagger=cfg["stagger"])
-    resume = load_checkpoint(args.resume) if args.resume else None
-    learner.setup(cfg["seed"], resume=resume)
+    learner = (JaxLearner if run.algo in JAX_ALGOS else SB3Learner)(run, args, old)
     run.begin()
-    if resume is not None:
+    if args.resume:
         run.update(resumed_at=learner.num_timesteps, timesteps=learner.num_timesteps)
-    writer = SummaryWriter(str(run.dir / "tb" / f"{run.algo}_1"))
-    writer.add_custom_scalars(LAYOUT)
+
+    records: dict[str, float] = {}
     if cfg["bc_teacher"] and not stop.signal:
-        bc = learner.warm_start(make_rule(cfg["bc_teacher"]), args.bc_steps, BC_EPOCHS, BC_BATCH)
+        bc = learner.warm_start(cfg["bc_teacher"], args.bc_steps)
+        records = {f"bc/{k}": bc[k] for k in ("agreement", "value_explained_variance")}
         run.update(bc=bc)
-        writer.add_scalar("bc/agreement", bc["agreement"], 0)
-        writer.add_scalar("bc/value_explained_variance", bc["value_explained_variance"], 0)
         print(
             f"imitated {cfg['bc_teacher']} for {bc['samples']} steps: agreement {bc['agreement']:.3f}, "
             f"critic explained variance {bc['value_explained_variance']:.3f}"
         )
-    held_out = HeldOut(scenario, settings, args.eval_seeds) if args.eval_every > 0 else None
-    best, best_cost, final_eval = run.dir / "best_model.msgpack", float("inf"), {}
-    start_steps = learner.num_timesteps
-    next_eval = start_steps + args.eval_every
-    checkpoints = Checkpoints(run, args.checkpoint_every, cfg["timesteps_planned"], start_steps, "msgpack")
 
-    last: list[tuple[int, dict[str, float]]] = []
+    start = learner.num_timesteps
+    checkpoints = Checkpoints(run, args.checkpoint_every, cfg["timesteps_planned"], start, learner.suffix)
+    held_out = None
+    if args.eval_every > 0:
+        best = run.dir / f"best_model.{learner.suffix}"
+        held_out = HeldOut(cfg["scenario"], cfg["settings"], args.eval_seeds, args.eval_every, start, best)
 
-    def evaluate() -> dict[str, float]:
-        nonlocal best_cost
-        if last and last[-1][0] == learner.num_timesteps:  # evaluated at this step already
-            return last[-1][1]
-        out = held_out.run({m: learner.router(f"learned-{m}", m == "deterministic") for m in MODES})
-        for k, v in out.items():
-            writer.add_scalar(k, v, learner.num_timesteps)
-        if out["eval/objective_learned_deterministic"] < best_cost:
-            best_cost = out["eval/objective_learned_deterministic"]
-            learner.save(best)
-        last.append((learner.num_timesteps, out))
-        return out
+    def after_step() -> None:
+        steps = learner.num_timesteps
+        if held_out is not None and held_out.due(steps) and not stop.signal:
+            held_out.evaluate(learner)
+        if checkpoints.due(steps):
+            checkpoints.save(steps, learner.save)
 
-    train_start, compile_s, update_s, updates = time.time(), 0.0, 0.0, 0
-    bar = tqdm(total=learner.n_updates * learner.n_envs * ppo.n_steps, disable=args.no_progress, unit="step")
-    for k in range(learner.n_updates):
-        if stop.signal:
-            break
-        t0 = time.time()
-        logs = learner.update()
-        updates += 1
-        if k == 0:
-            compile_s = time.time() - t0  # the first call compiles the update
-        else:
-            update_s += time.time() - t0
-        for tag, value in logs.items():
-            writer.add_scalar(tag, value, learner.num_timesteps)
-        writer.add_scalar(
-            "time/fps",
-            (learner.num_timesteps - start_steps) / (time.time() - train_start),
-            learner.num_timesteps,
-        )
-        bar.update(learner.n_envs * ppo.n_steps)
-        if held_out is not None and learner.num_timesteps >= next_eval and not stop.signal:
-            next_eval += args.eval_every
-            evaluate()
-        if checkpoints.due(learner.num_timesteps):
-            checkpoints.save(learner.num_timesteps, learner.save)
-    bar.close()
-    seconds = time.time() - run.start
-    if held_out is not None and not stop.signal:
-        final_eval = evaluate()
-    learner.save(run.dir / "model.msgpack")
-    writer.close()
-    # PPO steps/s of the compiled updates (rollout and optimisation; evaluations and saving apart)
-    steady = (updates - 1) * learner.n_envs * ppo.n_steps / max(update_s, 1e-9)
-    done = learner.num_timesteps - start_steps
+    t0 = time.time()
+    rates = learner.learn(after_step, stop, records, progress=not args.no_progress)
+    seconds = time.time() - t0
+    final_eval = held_out.evaluate(learner) if held_out is not None and not stop.signal else {}
+    model_path = run.dir / f"model.{learner.suffix}"
+    learner.save(model_path)
+    learner.close()
+    steps = learner.num_timesteps
     code = finish(
         run,
         stop,
-        run.dir / "model.msgpack",
-        learner.num_timesteps,
-        device=jax.default_backend(),
-        steps_per_second=round(done / max(seconds, 1e-9), 1),
-        steps_per_second_compiled=round(steady, 1) if updates > 1 else None,
-        compile_seconds=round(compile_s, 1),
+        model_path,
+        steps,
+        steps_per_second=round((steps - start) / max(seconds, 1e-9), 1),
         final_eval=final_eval,
+        **rates,
     )
     if not stop.signal:
-        print(
-            f"saved {run.dir / 'model.msgpack'} after {learner.num_timesteps} steps in {seconds:.0f} s "
-            f"({run.config['steps_per_second']} steps/s; after compiling, "
-            f"{run.config['steps_per_second_compiled']})"
-        )
+        rate = f"{run.config['steps_per_second']} steps/s"
+        if rates.get("steps_per_second_compiled"):
+            rate += f"; after compiling, {rates['steps_per_second_compiled']}"
+        print(f"saved {model_path} after {steps} steps in {seconds:.0f} s ({rate})")
         print_held_out(final_eval)
     return code
 

@@ -8,15 +8,14 @@ rollout (`--algo jax-ppo`) and logs, evaluates and checkpoints between calls, as
 
 It trains the same model as SB3's PPO with `agents.policies.NodeScoringPolicy`, from the same
 rl-zoo3 hyperparameter file (`agents/hyperparams.yml`):
-- actor: one MLP scores every node from that node's features and the global features (gain
-  sqrt(2) hidden, 0.01 on the score); critic: an MLP on the whole observation (gain 1 on the value
-  head); zero biases, orthogonal weights (SB3's `ortho_init`); tanh activations;
+- the network, its parameters and their initialisation are `agents.model`'s, which the SB3 policy
+  calls too;
 - the loss of SB3's PPO (stable_baselines3 v2.7, stable_baselines3/ppo/ppo.py `train`): clipped
   surrogate on per-minibatch normalised advantages, unclipped squared value error (`vf_coef`),
   entropy bonus (`ent_coef`), gradients clipped to `max_grad_norm`, Adam with eps 1e-5; an
   update stops before the first minibatch whose approximate KL exceeds 1.5 x `target_kl`;
-- observations normalised as `agents.learners.NodeVecNormalize` does (node features pooled over
-  nodes, clipped at 10), with the statistics updated after each rollout (VecNormalize updates
+- observations normalised by `agents.model.ObsStats`, as SB3's `agents.learners.NodeVecNormalize`
+  normalises them, with the statistics updated after each rollout (VecNormalize updates
   them every step); rewards are not normalised;
 - a drained episode end is a termination; a cut end (`end="cut"`) is a truncation, and the value
   of the final observation is added (discounted) to the last reward, as SB3 does;
@@ -40,7 +39,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import flax.linen as nn
 import flax.serialization
 import jax
 import jax.numpy as jnp
@@ -48,7 +46,10 @@ import numpy as np
 import optax
 from flax.training.train_state import TrainState
 
+from agents import model, warm_start
+from agents.model import Moments, ObsStats
 from agents.routers.base import RuleState
+from agents.warm_start import BC_LR, TeacherData
 from burstgym import cluster
 from burstgym.env import BurstBalance
 from burstgym.gym_env import batched_step_fn, check_error
@@ -56,8 +57,6 @@ from burstgym.observation import GLOBAL_FEATURES, NODE_FEATURES, action_mask
 from burstgym.types import EnvConfig, EnvParams
 
 ALGO = "jax-ppo"
-CLIP_OBS, NORM_EPS = 10.0, 1e-8  # VecNormalize's defaults
-STATS_EPS = 1e-4  # RunningMeanStd's initial count
 ADAM_EPS = 1e-5  # SB3's Adam epsilon for PPO policies
 POLICY = "agents.policies.NodeScoringPolicy"  # the SB3 policy this learner reproduces
 # Keys of an rl-zoo3 PPO entry this learner reads; any other constructor key is refused.
@@ -147,79 +146,28 @@ class PPOConfig:
 # ------------------------------------------------------------------------------------- network
 
 
-class NodeScoringNet(nn.Module):
-    """Logits (one score per node, from a scorer shared by the nodes) and the value of an
-    observation [..., N * F + G] (the layout of `burstgym.observation.observe`)."""
-
-    n_nodes: int
-    hidden: int = 64
-
-    @nn.compact
-    def __call__(self, obs: jax.Array) -> tuple[jax.Array, jax.Array]:
-        f, k = len(NODE_FEATURES), self.n_nodes * len(NODE_FEATURES)
-        nodes = obs[..., :k].reshape(obs.shape[:-1] + (self.n_nodes, f))
-        glob = jnp.broadcast_to(obs[..., None, k:], nodes.shape[:-1] + (obs.shape[-1] - k,))
-
-        def dense(width: int, gain: float, name: str) -> nn.Dense:
-            return nn.Dense(
-                width,
-                kernel_init=nn.initializers.orthogonal(gain),
-                bias_init=nn.initializers.zeros,
-                name=name,
-            )
-
-        h = nn.tanh(dense(self.hidden, math.sqrt(2), "score_0")(jnp.concatenate([nodes, glob], axis=-1)))
-        h = nn.tanh(dense(self.hidden, math.sqrt(2), "score_1")(h))
-        logits = dense(1, 0.01, "score_out")(h)[..., 0]
-        v = nn.tanh(dense(self.hidden, math.sqrt(2), "value_0")(obs))
-        v = nn.tanh(dense(self.hidden, math.sqrt(2), "value_1")(v))
-        return logits, dense(1, 1.0, "value_out")(v)[..., 0]
+def apply(variables: Any, obs: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(logits, value) of the shared network (`agents.model.forward`) with flax's variables
+    convention, `{"params": parameters}`, which the train state and checkpoints keep."""
+    return model.forward(variables["params"], obs)
 
 
-# ----------------------------------------------------------------------- observation statistics
+def init_variables(key: jax.Array, n_nodes: int, hidden: int) -> dict[str, Any]:
+    """Fresh network variables (`agents.model.init`) as jax arrays."""
+    return {"params": jax.tree.map(jnp.asarray, model.init(key, n_nodes, hidden))}
 
 
-class Moments(NamedTuple):
-    """Running mean, variance and count of a set of features (SB3's RunningMeanStd)."""
-
-    mean: jax.Array
-    var: jax.Array
-    count: jax.Array
-
-    @staticmethod
-    def empty(dim: int) -> Moments:
-        return Moments(jnp.zeros(dim, jnp.float32), jnp.ones(dim, jnp.float32), jnp.float32(STATS_EPS))
-
-    def update(self, x: jax.Array) -> Moments:
-        """Merge the rows of `x` [M, dim] (parallel variance, as RunningMeanStd.update)."""
-        m, v, c = x.mean(axis=0), x.var(axis=0), jnp.float32(x.shape[0])
-        delta, total = m - self.mean, self.count + c
-        m2 = self.var * self.count + v * c + delta**2 * self.count * c / total
-        return Moments(self.mean + delta * c / total, m2 / total, total)
-
-
-class ObsStats(NamedTuple):
-    """Observation statistics with node features pooled over nodes (`NodePooledRunningMeanStd`)."""
-
-    node: Moments
-    glob: Moments
-
-    @staticmethod
-    def empty() -> ObsStats:
-        return ObsStats(Moments.empty(len(NODE_FEATURES)), Moments.empty(len(GLOBAL_FEATURES)))
-
-    def update(self, obs: jax.Array, n_nodes: int) -> ObsStats:
-        obs = obs.reshape(-1, obs.shape[-1])
-        k = n_nodes * len(NODE_FEATURES)
-        return ObsStats(
-            self.node.update(obs[:, :k].reshape(-1, len(NODE_FEATURES))), self.glob.update(obs[:, k:])
-        )
-
-    def normalize(self, obs: jax.Array, n_nodes: int) -> jax.Array:
-        """(obs - mean) / sqrt(var + 1e-8), clipped to +-10, as VecNormalize.normalize_obs."""
-        mean = jnp.concatenate([jnp.tile(self.node.mean, n_nodes), self.glob.mean])
-        var = jnp.concatenate([jnp.tile(self.node.var, n_nodes), self.glob.var])
-        return jnp.clip((obs - mean) / jnp.sqrt(var + NORM_EPS), -CLIP_OBS, CLIP_OBS)
+def variable_shapes(n_nodes: int, hidden: int) -> dict[str, Any]:
+    """The shapes and dtypes of the network's variables, as checkpoints are checked against."""
+    return {
+        "params": {
+            name: {
+                "kernel": jax.ShapeDtypeStruct((i, o), jnp.float32),
+                "bias": jax.ShapeDtypeStruct((o,), jnp.float32),
+            }
+            for name, (i, o) in model.shapes(n_nodes, hidden).items()
+        }
+    }
 
 
 # ------------------------------------------------------------------------------- the algorithm
@@ -280,11 +228,6 @@ def _core(cfg: EnvConfig) -> BurstBalance:
 
 
 @functools.cache
-def _net(n_nodes: int, hidden: int) -> NodeScoringNet:
-    return NodeScoringNet(n_nodes, hidden)
-
-
-@functools.cache
 def _optimizer(ppo: PPOConfig, steps: int) -> optax.GradientTransformation:
     """Gradient clipping and Adam, SB3's; one object per setting, so that train states of equal
     settings share compiled code (the optimiser is static in the train state)."""
@@ -306,7 +249,6 @@ class JaxPPO:
     n_envs: int
     total_timesteps: int
     stagger: bool = True
-    net: NodeScoringNet = field(init=False)
     core: BurstBalance = field(init=False)
 
     def __post_init__(self) -> None:
@@ -322,7 +264,6 @@ class JaxPPO:
         self.n_minibatches = batch // self.batch_size
         self.n_updates = max(math.ceil(self.total_timesteps / batch), 1)
         self.core = _core(self.cfg)
-        self.net = _net(self.cfg.n_nodes, self.ppo.hidden)
         self.num_timesteps = 0
 
     def _jit(self, name: str, fn: Callable, *extra: Any) -> Callable:
@@ -351,13 +292,12 @@ class JaxPPO:
             else jnp.full(self.n_envs, e, jnp.int32)
         )
         obs, states = self._jit("reset", self.core.batched_reset)(keys, self.params, horizons)
-        dim = obs.shape[-1]
         done = 0 if resume is None else resume.optimizer_steps
         steps = done + self.n_updates * self.ppo.n_epochs * self.n_minibatches
         tx = _optimizer(self.ppo, steps if self.ppo.lr_decay else 0)  # a constant rate needs no horizon
-        variables = self.net.init(k_net, jnp.zeros((1, dim), jnp.float32))
-        self.train_state = TrainState.create(apply_fn=self.net.apply, params=variables, tx=tx)
-        self.stats = ObsStats.empty().update(obs, self.cfg.n_nodes)  # VecNormalize counts the reset too
+        variables = init_variables(k_net, self.cfg.n_nodes, self.ppo.hidden)
+        self.train_state = TrainState.create(apply_fn=apply, params=variables, tx=tx)
+        self.stats = ObsStats.empty().update(obs)  # VecNormalize counts the reset too
         self.runner = Runner(states, obs, key, jnp.zeros(self.n_envs, jnp.float32))
         if resume is not None:
             self._restore(resume)
@@ -389,7 +329,7 @@ class JaxPPO:
         self.num_timesteps = ck.num_timesteps
 
     def normalize(self, stats: ObsStats, obs: jax.Array) -> jax.Array:
-        return stats.normalize(obs, self.cfg.n_nodes) if self.ppo.norm_obs else obs
+        return stats.normalize(obs) if self.ppo.norm_obs else obs
 
     # -------------------------------------------------------------------------- one update
 
@@ -435,7 +375,7 @@ class JaxPPO:
 
     def _loss(self, params, batch: Transition, adv: jax.Array, returns: jax.Array, clip: float):
         p = self.ppo
-        logits, value = self.net.apply(params, batch.obs)
+        logits, value = apply(params, batch.obs)
         logp_all = jax.nn.log_softmax(logits)
         logp = jnp.take_along_axis(logp_all, batch.action[:, None], axis=-1)[:, 0]
         if p.normalize_advantage and adv.shape[0] > 1:
@@ -510,20 +450,19 @@ class JaxPPO:
                     logs[f"serving/{k}_node{i}"] = jnp.where(count > 0, share[i], jnp.nan)
         logs["error"] = (error != 0).any()
         logs["error_bits"] = jnp.bitwise_or.reduce(error.reshape(-1))
-        new_stats = stats.update(raw_obs, self.cfg.n_nodes) if p.norm_obs else stats
+        new_stats = stats.update(raw_obs) if p.norm_obs else stats
         return ts, new_stats, runner, logs
 
     # -------------------------------------------------------------------------- warm start
 
     def warm_start(
-        self, teacher: Any, steps: int, epochs: int, batch_size: int, lr: float = 1e-3
+        self, teacher: Any, steps: int, epochs: int, batch_size: int, lr: float = BC_LR
     ) -> dict[str, float]:
-        """Behaviour cloning as `agents.learners.behaviour_clone`: `teacher` (a JAX router,
-        `agents.routers`) routes the training clusters for `steps` decisions; the observation
-        statistics take in its observations; then `epochs` passes of minibatches of `batch_size`
-        fit the actor (cross-entropy on the teacher's actions) and the critic (squared error to
-        the discounted returns, bootstrapped from the critic where the data stop, recomputed each
-        epoch). The clusters continue from where the teacher left them."""
+        """Behaviour cloning, as `agents.learners.behaviour_clone` does for SB3: `teacher` (a JAX
+        router, `agents.routers`) routes the training clusters for `steps` decisions; the
+        observation statistics take in its observations; then `agents.warm_start.fit` fits the
+        network to them (`epochs` passes of minibatches of `batch_size`). The clusters continue
+        from where the teacher left them. Returns the fit's records."""
         n = self.cfg.n_nodes
         t = max(steps // self.n_envs, 1)
         gamma, cut = self.ppo.gamma, self.cfg.end == "cut"
@@ -551,70 +490,16 @@ class JaxPPO:
         if bits:
             check_error(bits, " in the warm start's rollout")
         if self.ppo.norm_obs:
-            self.stats = self.stats.update(obs, n)
-        m = t * self.n_envs
-        size = min(batch_size, m)
-        n_batches = m // size
-        tx = optax.adam(lr)
-
-        def fit(ts_params, stats, key, obs, actions, rewards, dones, final_obs, last_obs):
-            x = self.normalize(stats, obs)
-            x_end, x_last = self.normalize(stats, final_obs), self.normalize(stats, last_obs)
-            y = actions.reshape(-1)
-            opt = tx.init(ts_params)
-
-            def targets(params):
-                _, v_end = self.net.apply(params, x_end)
-                _, v_last = self.net.apply(params, x_last)
-                boot = jnp.where(cut, v_end, 0.0)
-
-                def back(future, xs):
-                    r, d, b = xs
-                    g = r + gamma * jnp.where(d, b, future)
-                    return g, g
-
-                return jax.lax.scan(back, v_last, (rewards, dones, boot), reverse=True)[1].reshape(-1)
-
-            def loss(params, idx, g):
-                logits, value = self.net.apply(params, x.reshape(m, -1)[idx])
-                ce = -jnp.take_along_axis(jax.nn.log_softmax(logits), y[idx][:, None], axis=-1).mean()
-                return ce + ((value - g[idx]) ** 2).mean()
-
-            def epoch(carry, k):
-                params, opt = carry
-                g = jax.lax.stop_gradient(targets(params))
-                perm = jax.random.permutation(k, m)[: n_batches * size].reshape(n_batches, size)
-
-                def mb(c, idx):
-                    params, opt = c
-                    grads = jax.grad(loss)(params, idx, g)
-                    upd, opt = tx.update(grads, opt, params)
-                    return (optax.apply_updates(params, upd), opt), None
-
-                return jax.lax.scan(mb, (params, opt), perm)[0], None
-
-            def ev(params):
-                g = targets(params)
-                _, v = self.net.apply(params, x.reshape(m, -1))
-                return 1 - (g - v).var() / g.var()
-
-            ev0 = ev(ts_params)
-            params, _ = jax.lax.scan(epoch, (ts_params, opt), jax.random.split(key, epochs))[0]
-            logits, _ = self.net.apply(params, x.reshape(m, -1))
-            agree = (jnp.argmax(logits, axis=-1) == y).mean()
-            return params, {
-                "agreement": agree,
-                "value_explained_variance": ev(params),
-                "value_explained_variance_initial": ev0,
-            }
-
+            self.stats = self.stats.update(obs)
         key, sub = jax.random.split(self.runner.key)
         self.runner = self.runner._replace(key=key)
-        data = (obs, actions, rewards, dones, final_obs, self.runner.obs)
-        fitted = self._jit("fit", fit, t, epochs, size, lr)
-        params, out = fitted(self.train_state.params, self.stats, sub, *data)
-        self.train_state = self.train_state.replace(params=params)
-        return {**{k: float(v) for k, v in jax.device_get(out).items()}, "samples": m}
+        x = functools.partial(self.normalize, self.stats)
+        data = TeacherData(x(obs), actions, rewards, dones, dones & cut, x(final_obs), x(self.runner.obs))
+        params, out = warm_start.fit(
+            self.train_state.params["params"], data, gamma, sub, epochs, batch_size, lr
+        )
+        self.train_state = self.train_state.replace(params={"params": params})
+        return out
 
     # ------------------------------------------------------------------------- checkpoints
 
@@ -723,12 +608,13 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
         n_inputs = int(np.asarray(blob["params"]["params"]["value_0"]["kernel"]).shape[0])
     except (KeyError, TypeError, IndexError):
         raise ValueError(f"{path}: not a jax-ppo checkpoint (no value_0 kernel)") from None
-    n_nodes, rest = divmod(n_inputs - len(GLOBAL_FEATURES), len(NODE_FEATURES))
-    if rest or n_nodes < 1:
-        raise ValueError(f"{path}: the network's inputs ({n_inputs}) are not a BurstBalance observation")
-    dim = n_inputs
-    expected = jax.eval_shape(_net(n_nodes, hidden).init, jax.random.key(0), jnp.zeros((1, dim), jnp.float32))
-    _check_shapes(path, "params", expected, blob["params"])
+    try:
+        n_nodes = model.n_nodes_of(n_inputs)
+    except ValueError:
+        raise ValueError(
+            f"{path}: the network's inputs ({n_inputs}) are not a BurstBalance observation"
+        ) from None
+    _check_shapes(path, "params", variable_shapes(n_nodes, hidden), blob["params"])
     stats = None
     if "stats" in blob:
         s = blob["stats"]
@@ -753,8 +639,8 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
 
 
 class JaxPolicyRouter:
-    """A node-scoring policy (a jax-ppo checkpoint, or an SB3 `NodeScoringPolicy` converted by
-    `agents.learners.PolicyRouter.jax_router`) as a router: argmax of the logits (default) or
+    """A node-scoring policy (a jax-ppo checkpoint, or an SB3 `NodeScoringPolicy`'s weights copied
+    by `agents.learners.PolicyRouter.jax_router`) as a router: argmax of the logits (default) or
     sampled from them, on observations normalised with the statistics saved with the policy.
 
     Two faces: the heuristics' interface (`__call__` on a batch of observations, as
@@ -784,7 +670,6 @@ class JaxPolicyRouter:
         self._build()
 
     def _build(self) -> None:
-        self.net = NodeScoringNet(self.n_nodes, self.hidden)
         self._key = jax.random.key(self.seed)
         self._act = jax.jit(self._act_fn)
 
@@ -809,8 +694,8 @@ class JaxPolicyRouter:
         return cls(ck.params, ck.stats, ck.n_nodes, ck.hidden, name, deterministic)
 
     def _act_fn(self, params, stats, obs, key, deterministic):
-        x = obs if stats is None else stats.normalize(obs, self.n_nodes)
-        logits, _ = self.net.apply(params, x)
+        x = obs if stats is None else stats.normalize(obs)
+        logits = model.logits(params["params"], x)
         return jnp.where(deterministic, jnp.argmax(logits, axis=-1), jax.random.categorical(key, logits))
 
     def _structure(self) -> tuple[Any, ...]:
@@ -839,8 +724,8 @@ class JaxPolicyRouter:
         """The node for one cluster's observation `obs` [D] under `weights` (`mask` and `view` are
         not used, as in `__call__`)."""
         params, stats = weights
-        x = obs if stats is None else stats.normalize(obs, self.n_nodes)
-        logits, _ = self.net.apply(params, x)
+        x = obs if stats is None else stats.normalize(obs)
+        logits = model.logits(params["params"], x)
         if self.deterministic:
             action = jnp.argmax(logits)
         else:

@@ -21,16 +21,17 @@ from sb3_contrib import MaskablePPO
 from stable_baselines3 import A2C, DQN, PPO
 from stable_baselines3.common.base_class import BaseAlgorithm
 from stable_baselines3.common.running_mean_std import RunningMeanStd
-from stable_baselines3.common.utils import explained_variance, get_device
+from stable_baselines3.common.utils import get_device
 from stable_baselines3.common.vec_env import VecEnv, VecNormalize
 
+from agents import model, warm_start
 from agents.hyperparams import load, model_kwargs
-from burstgym.observation import GLOBAL_FEATURES, NODE_FEATURES
+from agents.warm_start import BC_BATCH, BC_EPOCHS, TeacherData
+from burstgym.observation import GLOBAL_FEATURES, NODE_FEATURES, obs_size
 
 ALGOS: dict[str, type[BaseAlgorithm]] = {"ppo": PPO, "a2c": A2C, "dqn": DQN, "maskable-ppo": MaskablePPO}
 JAX_ALGOS = ("jax-ppo",)  # learners written in JAX (agents.jax_ppo)
 DEVICES = ("auto", "cpu", "cuda")
-BC_EPOCHS, BC_BATCH = 20, 256  # warm-start optimisation (docs/agents.md, "Training set-up")
 
 
 def check_algo(algo: str, sb3: bool = False) -> None:
@@ -235,54 +236,58 @@ def _n_nodes(config: dict[str, Any], where: Path) -> int:
 
 
 class NodePooledRunningMeanStd(RunningMeanStd):
-    """Running mean and variance of an observation made of `n_nodes` rows of the same node features
-    followed by global features: each node feature's statistics are pooled over the nodes, so the
-    normalisation treats every node alike (the node-scoring actor stays permutation-equivariant,
-    and a feature that differs between nodes but not over time, such as `capacity` in a
-    heterogeneous cluster, keeps its differences instead of being normalised to 0)."""
+    """SB3's face of `agents.model.ObsStats` (NumPy float64): the statistics of `n_nodes`-node
+    observations with each node feature pooled over the nodes, and, as VecNormalize reads a
+    RunningMeanStd, the mean and variance of every observation value."""
 
-    def __init__(self, n_nodes: int, epsilon: float = 1e-4):
-        self.n_nodes, self.n_feats, self.n_global = n_nodes, len(NODE_FEATURES), len(GLOBAL_FEATURES)
-        super().__init__(epsilon, shape=(n_nodes * self.n_feats + self.n_global,))
-        self.node = RunningMeanStd(epsilon, shape=(self.n_feats,))
-        self.glob = RunningMeanStd(epsilon, shape=(self.n_global,))
+    def __init__(self, n_nodes: int):
+        self.n_nodes = n_nodes
+        super().__init__(model.STATS_EPS, shape=(obs_size(n_nodes),))
+        self.set(model.ObsStats.empty(np, np.float64))
+
+    def set(self, stats: model.ObsStats) -> None:
+        """Take `stats` (NumPy arrays) as these statistics."""
+        self.stats = stats
+        self.mean, self.var = stats.mean_var(self.n_nodes)
+        self.count = float(stats.glob.count)
 
     def update(self, arr: np.ndarray) -> None:
-        arr = np.asarray(arr, dtype=np.float64)
-        k = self.n_nodes * self.n_feats
-        self.node.update(arr[:, :k].reshape(-1, self.n_feats))
-        self.glob.update(arr[:, k:])
-        self._sync()
-
-    def _sync(self) -> None:
-        self.mean = np.concatenate([np.tile(self.node.mean, self.n_nodes), self.glob.mean])
-        self.var = np.concatenate([np.tile(self.node.var, self.n_nodes), self.glob.var])
-        self.count = self.glob.count
+        self.set(self.stats.update(np.asarray(arr, dtype=np.float64)))
 
     def copy(self) -> NodePooledRunningMeanStd:
         out = NodePooledRunningMeanStd(self.n_nodes)
-        out.node, out.glob = self.node.copy(), self.glob.copy()
-        out._sync()
+        out.set(self.stats)  # NamedTuples of arrays that are replaced, never written to
         return out
 
     def combine(self, other: NodePooledRunningMeanStd) -> None:
-        self.node.combine(other.node)
-        self.glob.combine(other.glob)
-        self._sync()
+        self.set(model.ObsStats(*(a.merge(*b) for a, b in zip(self.stats, other.stats, strict=True))))
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Unpickle (`--allow-pickle`) statistics pickled before `stats`, as the RunningMeanStd
+        `node` and `glob` (train.py's vecnormalize.pkl of 2026-12-03), too."""
+        if "stats" not in state:
+            parts = (state.pop(k) for k in ("node", "glob"))
+            state["stats"] = model.ObsStats(
+                *(model.Moments(m.mean, m.var, np.float64(m.count)) for m in parts)
+            )
+            for k in ("n_feats", "n_global"):
+                state.pop(k, None)
+        self.__dict__.update(state)
 
 
 class NodeVecNormalize(VecNormalize):
     """SB3's VecNormalize with the node features' statistics pooled over nodes
-    (`NodePooledRunningMeanStd`); saved and loaded as VecNormalize is (`save`, `VecNormalize.load`)."""
+    (`NodePooledRunningMeanStd`), normalising by `agents.model.normalize`; saved and loaded as
+    VecNormalize is (`save`, `VecNormalize.load`)."""
 
     def __init__(self, venv: VecEnv, **kwargs: Any):
         super().__init__(venv, **kwargs)
-        dim = int(np.prod(self.observation_space.shape))
-        n_nodes, rest = divmod(dim - len(GLOBAL_FEATURES), len(NODE_FEATURES))
-        if rest or n_nodes < 1:
-            raise ValueError(f"observations of size {dim} are not BurstBalance observations")
+        n_nodes = model.n_nodes_of(int(np.prod(self.observation_space.shape)))
         if self.norm_obs:
             self.obs_rms = NodePooledRunningMeanStd(n_nodes)
+
+    def _normalize_obs(self, obs: np.ndarray, obs_rms: RunningMeanStd) -> np.ndarray:
+        return model.normalize(np.asarray(obs), obs_rms.mean, obs_rms.var, self.epsilon, self.clip_obs)
 
 
 def normalize_env(env: VecEnv, kwargs: dict[str, Any] | None) -> VecEnv:
@@ -313,7 +318,21 @@ def vecnormalize_path(model_path: str | Path) -> Path | None:
     return next((c for c in candidates if c.is_file()), None)
 
 
-def _moments(rms: RunningMeanStd) -> dict[str, Any]:
+def statistics_path(model_path: str | Path) -> Path:
+    """Where train.py writes the normalisation statistics of the model file `model_path`, the first
+    place `vecnormalize_path` looks for them: `<prefix>_vecnormalize_<N>_steps.json` beside a
+    checkpoint `<prefix>_<N>_steps.zip`, `vecnormalize.json` beside `model.zip`, and
+    `<stem>_vecnormalize.json` beside any other model."""
+    path = Path(model_path)
+    m = re.fullmatch(r"(.*)_(\d+)_steps", path.stem)
+    if m:
+        return path.with_name(f"{m.group(1)}_vecnormalize_{m.group(2)}_steps.json")
+    return path.with_name(
+        "vecnormalize.json" if path.name == "model.zip" else f"{path.stem}_vecnormalize.json"
+    )
+
+
+def _moments(rms: RunningMeanStd | model.Moments) -> dict[str, Any]:
     return {
         "mean": np.asarray(rms.mean).tolist(),
         "var": np.asarray(rms.var).tolist(),
@@ -328,7 +347,7 @@ def save_normalization(norm: VecNormalize, path: str | Path) -> None:
 
     rms = norm.obs_rms
     if isinstance(rms, NodePooledRunningMeanStd):
-        obs = {"nodes": rms.n_nodes, "node": _moments(rms.node), "global": _moments(rms.glob)}
+        obs = {"nodes": rms.n_nodes, "node": _moments(rms.stats.node), "global": _moments(rms.stats.glob)}
     else:
         obs = _moments(rms)
     blob = {
@@ -423,9 +442,9 @@ def read_normalization(path: str | Path) -> ObsNormalization:
         if isinstance(n, bool) or not isinstance(n, int) or n < 1 or set(obs) != {"nodes", "node", "global"}:
             raise ValueError(f"{path}: obs_rms: expected nodes (a positive integer), node and global")
         obs_rms = NodePooledRunningMeanStd(n)
-        obs_rms.node = _read_moments(obs["node"], f"{path}: obs_rms.node", len(NODE_FEATURES))
-        obs_rms.glob = _read_moments(obs["global"], f"{path}: obs_rms.global", len(GLOBAL_FEATURES))
-        obs_rms._sync()
+        node = _read_moments(obs["node"], f"{path}: obs_rms.node", len(NODE_FEATURES))
+        glob = _read_moments(obs["global"], f"{path}: obs_rms.global", len(GLOBAL_FEATURES))
+        obs_rms.set(model.ObsStats(*(model.Moments(m.mean, m.var, m.count) for m in (node, glob))))
     else:
         obs_rms = _read_moments(obs, f"{path}: obs_rms", None)
     ret_rms = _read_moments(blob.get("ret_rms"), f"{path}: ret_rms", None)
@@ -506,8 +525,8 @@ class PolicyRouter:
         was trained so)."""
         obs = np.asarray(obs, dtype=np.float32)
         if self.obs_rms is not None:
-            scaled = (obs - self.obs_rms.mean) / np.sqrt(self.obs_rms.var + self.epsilon)
-            obs = np.clip(scaled, -self.clip_obs, self.clip_obs).astype(np.float32)
+            rms = self.obs_rms
+            obs = model.normalize(obs, rms.mean, rms.var, self.epsilon, self.clip_obs).astype(np.float32)
         return obs
 
     def jax_router(self) -> Any:
@@ -515,47 +534,30 @@ class PolicyRouter:
         copied), so that it runs in the JAX rollout engine; None for what that network does not
         express: a policy other than `NodeScoringPolicy` (MlpPolicy, DQN, the masked policy), or
         statistics other than the node-pooled ones with VecNormalize's default epsilon and clip.
-        The network is the same function; torch and XLA round differently, so its logits agree
-        to float32 rounding (tests/test_jax_rollout.py), not bit for bit."""
+        Both run `agents.model`'s network on the same weights; torch and XLA round differently,
+        so their logits agree to float32 rounding, not bit for bit."""
+        import jax
+
         from agents import jax_ppo
         from agents.policies import NodeScorer
 
-        policy = self.model.policy
-        extractor = getattr(policy, "mlp_extractor", None)
+        extractor = getattr(self.model.policy, "mlp_extractor", None)
         if self.masked or not isinstance(extractor, NodeScorer):
             return None
         stats = None
         if self.obs_rms is not None:
             rms = self.obs_rms
             if not isinstance(rms, NodePooledRunningMeanStd) or (self.epsilon, self.clip_obs) != (
-                jax_ppo.NORM_EPS,
-                jax_ppo.CLIP_OBS,
+                model.NORM_EPS,
+                model.CLIP_OBS,
             ):
                 return None
-            moments = [
-                jax_ppo.Moments(*(np.float32(x) for x in (m.mean, m.var, m.count)))
-                for m in (rms.node, rms.glob)
-            ]
-            stats = jax_ppo.ObsStats(*moments)
-
-        def dense(layer: torch.nn.Linear) -> dict[str, np.ndarray]:
-            w = layer.weight.detach().cpu().numpy().astype(np.float32)
-            return {"kernel": w.T.copy(), "bias": layer.bias.detach().cpu().numpy().astype(np.float32)}
-
-        score, value = extractor.score, extractor.value
-        params = {
-            "params": {
-                "score_0": dense(score[0]),
-                "score_1": dense(score[2]),
-                "score_out": dense(score[4]),
-                "value_0": dense(value[0]),
-                "value_1": dense(value[2]),
-                "value_out": dense(policy.value_net),
-            }
-        }
-        hidden = int(score[0].out_features)
-        n_nodes = extractor.n_nodes
-        return jax_ppo.JaxPolicyRouter(params, stats, n_nodes, hidden, self.name, self.deterministic)
+            stats = jax.tree.map(lambda x: np.asarray(x, np.float32), rms.stats)
+        params = {"params": extractor.numpy_params()}
+        hidden = int(params["params"]["score_0"]["kernel"].shape[1])
+        return jax_ppo.JaxPolicyRouter(
+            params, stats, extractor.n_nodes, hidden, self.name, self.deterministic
+        )
 
     def __call__(self, obs: np.ndarray, mask: np.ndarray | None = None, view: Any = None) -> np.ndarray:
         """Actions for a batch of observations (`view`, the heuristics' input, is not used)."""
@@ -601,33 +603,9 @@ def load_router(
 # ------------------------------------------------------------------------------ behaviour cloning
 
 
-def _returns(rewards, dones, bootstrap, last_value, gamma) -> np.ndarray:
-    """Discounted returns [T, B] of a rollout: `bootstrap[t]` is added (discounted) where an episode
-    was truncated at step t, `last_value` continues the episodes still running at the end."""
-    out = np.zeros_like(rewards)
-    future = last_value
-    for t in range(len(rewards) - 1, -1, -1):
-        future = rewards[t] + gamma * (np.where(dones[t], bootstrap[t], future))
-        out[t] = future
-    return out
-
-
-@dataclass
-class TeacherData:
-    """A heuristic's rollout on a vector env, time-major ([T, B, ...]); observations raw."""
-
-    obs: np.ndarray  # [T, B, D]
-    actions: np.ndarray  # [T, B]
-    rewards: np.ndarray  # [T, B] (unnormalised)
-    dones: np.ndarray  # [T, B]
-    truncated: np.ndarray  # [T, B] episode ended by truncation (bootstrap from terminal_obs)
-    terminal_obs: np.ndarray  # [T, B, D] raw terminal observation where truncated
-    last_obs: np.ndarray  # [B, D] the observation after the last step
-
-
-def collect_teacher(env, teacher, steps: int) -> TeacherData:
-    """`teacher`'s rollout on `env` for `steps` environment steps (a VecNormalize `env` keeps
-    updating its statistics; raw observations and rewards are kept)."""
+def collect_teacher(env: VecEnv, teacher: Any, steps: int) -> TeacherData:
+    """`teacher`'s rollout on `env` for `steps` environment steps, observations raw (a
+    VecNormalize `env` keeps updating its statistics; raw observations and rewards are kept)."""
     norm = env if isinstance(env, VecNormalize) else None
 
     def raw(obs):
@@ -656,7 +634,7 @@ def collect_teacher(env, teacher, steps: int) -> TeacherData:
     return TeacherData(
         np.stack(xs),
         np.stack(ys),
-        np.stack(rs).astype(np.float64),
+        np.stack(rs),
         np.stack(ds),
         np.stack(cuts),
         np.stack(terms),
@@ -664,87 +642,41 @@ def collect_teacher(env, teacher, steps: int) -> TeacherData:
     )
 
 
-def fit_warm_start(
-    model: BaseAlgorithm,
-    data: TeacherData,
-    normalize: VecNormalize | None = None,
-    epochs: int = BC_EPOCHS,
-    batch_size: int = BC_BATCH,
-    critic: bool = True,
-    lr: float = 1e-3,
-) -> dict[str, float]:
-    """Fit `model`'s actor (cross-entropy on the teacher's actions) and, with `critic`, its value
-    head (regression on discounted returns, `model.gamma`) to `data`; observations normalised by
-    `normalize`'s statistics. Returns are bootstrapped from the critic where the data stop before
-    the episode does (the end of the rollout, a truncated episode) and recomputed every epoch."""
-    policy, device = model.policy, model.device
-    gamma = float(getattr(model, "gamma", 0.99))
-    dim = data.obs.shape[-1]
-
-    def observe(a: np.ndarray) -> torch.Tensor:
-        a = a.reshape(-1, dim)
-        a = normalize.normalize_obs(a) if normalize is not None else a
-        return torch.as_tensor(np.asarray(a, dtype=np.float32), device=device)
-
-    x = observe(data.obs)
-    y = torch.as_tensor(data.actions.reshape(-1), dtype=torch.long, device=device)
-    cut_obs, last_obs = observe(data.terminal_obs), observe(data.last_obs)
-
-    def values(t: torch.Tensor) -> np.ndarray:
-        with torch.no_grad():
-            return policy.predict_values(t).squeeze(-1).double().cpu().numpy()
-
-    def targets() -> torch.Tensor:
-        bootstrap = np.where(data.truncated, values(cut_obs).reshape(data.truncated.shape), 0.0)
-        g = _returns(data.rewards, data.dones, bootstrap, values(last_obs), gamma)
-        return torch.as_tensor(g.reshape(-1), dtype=torch.float32, device=device)
-
-    def ev() -> float:
-        return float(explained_variance(values(x), targets().cpu().numpy().astype(np.float64)))
-
-    ev0 = ev()
-    optimizer = torch.optim.Adam(policy.parameters(), lr=lr)
-    for _ in range(epochs):
-        returns = targets() if critic else None
-        for idx in torch.randperm(len(x), device=device).split(batch_size):
-            loss = -policy.get_distribution(x[idx]).log_prob(y[idx]).mean()
-            if critic:
-                value = policy.predict_values(x[idx]).squeeze(-1)
-                loss = loss + torch.nn.functional.mse_loss(value, returns[idx])
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-    with torch.no_grad():
-        agree = (policy.get_distribution(x).distribution.probs.argmax(dim=1) == y).float().mean()
-    return {
-        "agreement": float(agree),
-        "value_explained_variance": ev(),
-        "value_explained_variance_initial": ev0,
-        "samples": int(len(x)),
-    }
-
-
 def behaviour_clone(
     model: BaseAlgorithm,
-    env,
-    teacher,
+    env: VecEnv,
+    teacher: Any,
     steps: int,
     epochs: int = BC_EPOCHS,
     batch_size: int = BC_BATCH,
-    critic: bool = True,
 ) -> dict[str, float]:
-    """Warm-start an actor-critic `model` on the heuristic `teacher`'s rollouts on `env` for
-    `steps` environment steps (`collect_teacher`, then `fit_warm_start`): the actor by
-    cross-entropy on the teacher's actions and, with `critic`, the value head by regression on the
-    discounted returns of those rollouts. With a VecNormalize `env`, statistics are gathered during
-    the collection and every observation is normalised with the final ones.
+    """Warm-start a node-scoring `model` on the heuristic `teacher`'s rollouts on `env` for
+    `steps` environment steps (`collect_teacher`, then `agents.warm_start.fit` of the policy's
+    parameters, which are then loaded back). With a VecNormalize `env`, statistics are gathered
+    during the collection and every observation is normalised with the final ones. Returns
+    `agents.warm_start.fit`'s records."""
+    import jax
 
-    Returns {"agreement": fraction of the teacher's actions the actor takes (argmax),
-    "value_explained_variance": the critic's explained variance of the returns (as SB3's
-    `train/explained_variance`, on the imitation data), "value_explained_variance_initial": the
-    same before the warm start, "samples": the number of observations}."""
-    if not hasattr(model.policy, "get_distribution"):
-        raise ValueError(f"behaviour cloning needs an actor-critic policy, not {type(model.policy).__name__}")
+    from agents.policies import NodeScorer
+
+    extractor = getattr(model.policy, "mlp_extractor", None)
+    if not isinstance(extractor, NodeScorer):
+        raise ValueError(
+            "behaviour cloning fits the node-scoring network (agents.policies.NodeScoringPolicy, "
+            f"MaskableNodeScoringPolicy), not {type(model.policy).__name__}"
+        )
     data = collect_teacher(env, teacher, steps)
-    norm = env if isinstance(env, VecNormalize) else None
-    return fit_warm_start(model, data, norm, epochs=epochs, batch_size=batch_size, critic=critic)
+    if isinstance(env, VecNormalize):
+        dim = data.obs.shape[-1]
+
+        def observe(a: np.ndarray) -> np.ndarray:
+            return env.normalize_obs(a.reshape(-1, dim)).reshape(a.shape)
+
+        data = data._replace(
+            obs=observe(data.obs), terminal_obs=observe(data.terminal_obs), last_obs=observe(data.last_obs)
+        )
+    key = jax.random.key(int(torch.randint(2**31 - 1, ())))  # torch's generator, which SB3 seeds
+    gamma = float(getattr(model, "gamma", 0.99))
+    params, out = warm_start.fit(extractor.numpy_params(), data, gamma, key, epochs, batch_size)
+    extractor.load_params(jax.device_get(params))
+    return out

@@ -84,9 +84,11 @@ def test_node_scoring_policy_uses_sb3_initialisation(vec_env):
     ).policy
     head = policy.actor_head.weight.detach()
     assert head.shape[0] == 1 and float(head.norm()) == pytest.approx(0.01, rel=1e-4)
-    assert float(policy.value_net.weight.detach().norm()) == pytest.approx(1.0, rel=1e-4)
+    value_head = policy.mlp_extractor.layers["value_out"]
+    assert float(value_head.weight.detach().norm()) == pytest.approx(1.0, rel=1e-4)
     hidden = [m for m in policy.mlp_extractor.modules() if isinstance(m, torch.nn.Linear)]
-    hidden = [m for m in hidden if m is not policy.actor_head]
+    hidden = [m for m in hidden if m is not policy.actor_head and m is not value_head]
+    assert len(hidden) == 4
     for layer in hidden:
         w = layer.weight.detach().double()
         gram = w @ w.T if w.shape[0] <= w.shape[1] else w.T @ w  # orthogonal rows or columns
@@ -117,14 +119,14 @@ def test_staggered_first_episodes_end_at_different_steps():
 
 
 def test_returns_bootstrap_where_rollouts_stop():
-    from agents.learners import _returns
+    from agents.warm_start import returns
 
     rewards = np.array([[1.0], [2.0], [3.0]])
     dones = np.array([[False], [True], [False]])
-    g = _returns(rewards, dones, np.zeros((3, 1)), np.array([10.0]), 0.5)
+    g = returns(rewards, dones, np.zeros((3, 1)), np.array([10.0]), 0.5)
     # step 2 continues into the unfinished episode (bootstrap 10); step 1 ends the episode
-    assert g[:, 0].tolist() == [1 + 0.5 * 2, 2.0, 3 + 0.5 * 10]
-    truncated = _returns(rewards, dones, np.array([[0.0], [4.0], [0.0]]), np.array([0.0]), 0.5)
+    assert np.asarray(g)[:, 0].tolist() == [1 + 0.5 * 2, 2.0, 3 + 0.5 * 10]
+    truncated = returns(rewards, dones, np.array([[0.0], [4.0], [0.0]]), np.array([0.0]), 0.5)
     assert truncated[1, 0] == 2 + 0.5 * 4  # a truncated end bootstraps from its terminal value
 
 
@@ -161,6 +163,33 @@ def test_pooled_normalisation_keeps_differences_between_nodes():
     )
     scaled = (obs[0] - rms.mean) / np.sqrt(rms.var + 1e-8)
     assert scaled[f - 1] < scaled[2 * f - 1] < scaled[3 * f - 1]  # still ordered, not all 0
+
+
+def test_pooled_statistics_pickled_in_the_earlier_layout_load_and_update():
+    """vecnormalize.pkl files of 2026-12-03 hold the pooled statistics as RunningMeanStd `node` and
+    `glob`; unpickled (--allow-pickle), they normalise and update as the current ones do."""
+    import pickle
+
+    from stable_baselines3.common.running_mean_std import RunningMeanStd
+
+    from agents.learners import NodePooledRunningMeanStd
+    from burstgym.observation import obs_size
+
+    n = 3
+    obs = np.random.default_rng(0).random((64, obs_size(n)))
+    now = NodePooledRunningMeanStd(n)
+    now.update(obs)
+    old = NodePooledRunningMeanStd(n)
+    old.__dict__ = {k: v for k, v in now.__dict__.items() if k != "stats"}
+    for name, moments in zip(("node", "glob"), now.stats, strict=True):
+        rms = RunningMeanStd(shape=moments.mean.shape)
+        rms.mean, rms.var, rms.count = moments.mean, moments.var, float(moments.count)
+        old.__dict__[name] = rms
+    loaded = pickle.loads(pickle.dumps(old))
+    np.testing.assert_array_equal(loaded.mean, now.mean)
+    loaded.update(obs)
+    now.update(obs)
+    np.testing.assert_allclose(loaded.var, now.var)
 
 
 def test_saved_model_and_statistics_act_as_in_training(tmp_path):

@@ -1,7 +1,7 @@
 """The JAX learner (agents/jax_ppo.py): its parts against references (GAE against a plain loop,
-observation statistics against the SB3 learner's, the network against the SB3 policy's shape and
-symmetry), the KL stop, refusals of settings it does not implement, and a tiny training run that
-is reproducible and whose checkpoint routes."""
+observation statistics against the SB3 learner's, the shared network's symmetry), the KL stop,
+refusals of settings it does not implement, and a tiny training run that is reproducible and whose
+checkpoint routes."""
 
 from __future__ import annotations
 
@@ -13,9 +13,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from agents import model
 from agents.hyperparams import load
-from agents.jax_ppo import JaxPolicyRouter, JaxPPO, NodeScoringNet, ObsStats, PPOConfig, gae
+from agents.jax_ppo import JaxPolicyRouter, JaxPPO, PPOConfig, apply, gae
 from agents.learners import NodePooledRunningMeanStd, load_router
+from agents.model import ObsStats
 from agents.routers import make_rule
 from burstgym import scenarios
 from burstgym.observation import GLOBAL_FEATURES, NODE_FEATURES, obs_size
@@ -41,37 +43,53 @@ def test_gae_equals_a_plain_backward_loop():
     np.testing.assert_allclose(ret, adv_ref + values, rtol=1e-5, atol=1e-5)
 
 
-def test_observation_statistics_equal_the_sb3_learners_node_pooled_ones():
+@pytest.mark.parametrize("xp, dtype, tol", [(np, np.float64, 1e-9), (jnp, jnp.float32, 1e-4)])
+def test_observation_statistics_pool_nodes_and_merge_batches_exactly(xp, dtype, tol):
+    """The running statistics after several batches are the mean and variance of all the data
+    seen, each node feature over every node's rows; normalising uses them as VecNormalize does."""
     rng = np.random.default_rng(1)
-    ref, stats = NodePooledRunningMeanStd(N), ObsStats.empty()
+    stats, seen = ObsStats.empty(xp, dtype), []
     for scale in (1.0, 5.0, 0.1):
-        batch = (rng.normal(size=(50, obs_size(N))) * scale + scale).astype(np.float32)
+        batch = rng.normal(size=(50, obs_size(N))) * scale + scale
+        seen.append(batch)
+        stats = stats.update(xp.asarray(batch, dtype=dtype))
+    data, f = np.concatenate(seen), len(NODE_FEATURES)
+    nodes = data[:, : N * f].reshape(-1, f)
+    # the initial count (1e-4 of a sample at mean 0, variance 1) moves them by about 1e-6
+    np.testing.assert_allclose(stats.node.mean, nodes.mean(axis=0), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(stats.node.var, nodes.var(axis=0), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(stats.glob.var, data[:, N * f :].var(axis=0), rtol=1e-4, atol=1e-4)
+    assert float(stats.glob.count) == pytest.approx(150 + 1e-4) and float(stats.node.count) == pytest.approx(
+        150 * N + 1e-4
+    )
+    x = rng.normal(size=(7, obs_size(N))) * 3
+    mean, var = stats.mean_var(N)
+    want = np.clip((x - np.asarray(mean)) / np.sqrt(np.asarray(var) + 1e-8), -10, 10)
+    np.testing.assert_allclose(stats.normalize(xp.asarray(x, dtype=dtype)), want, rtol=tol, atol=tol)
+    ref = NodePooledRunningMeanStd(N)  # SB3's face of the same statistics
+    for batch in seen:
         ref.update(batch)
-        stats = stats.update(jnp.asarray(batch), N)
-    x = rng.normal(size=(7, obs_size(N))).astype(np.float32) * 3
-    want = np.clip((x - ref.mean) / np.sqrt(ref.var + 1e-8), -10, 10)
-    np.testing.assert_allclose(stats.normalize(jnp.asarray(x), N), want, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(ref.mean[:f], stats.node.mean, rtol=tol, atol=tol)
+    np.testing.assert_array_equal(ref.mean[:f], ref.mean[f : 2 * f])
 
 
-def test_network_scores_nodes_alike_and_has_the_sb3_policys_parameters():
-    from agents.policies import NodeScorer
+def test_network_scores_nodes_alike_and_runs_on_jax_and_torch_arrays():
+    import torch
 
-    net = NodeScoringNet(N, 64)
-    variables = net.init(jax.random.key(0), jnp.zeros((1, obs_size(N))))
-    obs = jax.random.normal(jax.random.key(1), (5, obs_size(N)))
-    logits, value = net.apply(variables, obs)
+    params = model.init(jax.random.key(0), N, 64)
+    obs = np.array(jax.random.normal(jax.random.key(1), (5, obs_size(N))))
+    logits, value = model.forward(jax.tree.map(jnp.asarray, params), jnp.asarray(obs))
     assert logits.shape == (5, N) and value.shape == (5,)
     f, k = len(NODE_FEATURES), N * len(NODE_FEATURES)
     perm = np.array([2, 0, 3, 1])
     nodes = obs[:, :k].reshape(5, N, f)[:, perm].reshape(5, k)
-    permuted, _ = net.apply(variables, jnp.concatenate([nodes, obs[:, k:]], axis=1))
+    permuted = model.logits(params, np.concatenate([nodes, obs[:, k:]], axis=1))
     np.testing.assert_allclose(permuted, logits[:, perm], rtol=1e-5, atol=1e-6)
     assert float(jnp.abs(logits).max()) < 0.1  # action head gain 0.01: near-uniform at the start
-    ours = sum(x.size for x in jax.tree.leaves(variables))
-    scorer = NodeScorer(N, 64)
-    theirs = sum(p.numel() for p in scorer.parameters()) + 64 + 1  # plus SB3's value_net Linear(64, 1)
-    assert ours == theirs
-    assert len(GLOBAL_FEATURES) + f == variables["params"]["score_0"]["kernel"].shape[0]
+    theirs = model.forward(jax.tree.map(torch.as_tensor, params), torch.as_tensor(obs))
+    for ours, t in zip((logits, value), theirs, strict=True):
+        np.testing.assert_allclose(np.asarray(ours), t.numpy(), rtol=1e-5, atol=1e-6)
+    assert len(GLOBAL_FEATURES) + f == params["score_0"]["kernel"].shape[0]
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +125,7 @@ def test_training_is_reproducible_and_its_checkpoint_routes(tiny_setup, tmp_path
     assert isinstance(router, JaxPolicyRouter) and router.observation_shape == (obs_size(N),)
     obs = np.asarray(learner.runner.obs)
     np.testing.assert_array_equal(router(obs), learner.router()(obs))
-    logits, _ = learner.net.apply(learner.train_state.params, learner.stats.normalize(jnp.asarray(obs), N))
+    logits, _ = apply(learner.train_state.params, learner.stats.normalize(jnp.asarray(obs)))
     np.testing.assert_array_equal(router(obs), np.argmax(np.asarray(logits), axis=1))
     again = pickle.loads(pickle.dumps(router))  # travels to Ray tasks
     np.testing.assert_array_equal(again(obs), router(obs))

@@ -284,6 +284,7 @@ def sb3_policy():
 def test_sb3_policy_converts_to_the_same_network_in_jax(sb3_policy):
     import torch
 
+    from agents import model as network
     from agents.learners import PolicyRouter, make_model
 
     model, env, router = sb3_policy
@@ -293,7 +294,7 @@ def test_sb3_policy_converts_to_the_same_network_in_jax(sb3_policy):
     with torch.no_grad():
         theirs = model.policy.mlp_extractor.forward_actor(torch.as_tensor(router.observe(raw))).numpy()
     params, stats = jr.weights()
-    ours, _ = jr.net.apply(params, stats.normalize(jnp.asarray(raw), N))
+    ours = network.logits(params["params"], stats.normalize(jnp.asarray(raw)))
     np.testing.assert_allclose(np.asarray(ours), theirs, rtol=1e-4, atol=1e-4)
     assert np.ptp(theirs, axis=1).min() > 1e-2  # the scaled head: well-separated logits
     np.testing.assert_array_equal(jr(raw), router(raw))

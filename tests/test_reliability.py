@@ -23,7 +23,6 @@ from conftest import load_script
 ROOT = Path(__file__).resolve().parents[1]
 
 
-
 def one_line(text: str) -> str:
     """The single line of a message (fails if there is more than one)."""
     lines = text.strip().splitlines()
@@ -93,6 +92,46 @@ def test_a_model_loads_as_data_and_acts_as_trained(saved):
     obs = np.load(saved / "obs.npy")
     np.testing.assert_array_equal(router(obs), np.load(saved / "actions.npy"))
     assert router.model.num_timesteps >= 32
+
+
+def test_a_model_saved_with_the_earlier_layer_names_loads_and_acts_as_trained(saved, tmp_path):
+    """Models saved before the network was shared (`agents.model`) name their layers
+    mlp_extractor.score.<i>, mlp_extractor.value.<i> and value_net; they load with and without
+    SB3's own loader and take the actions they took."""
+    import io
+    import zipfile
+
+    import torch
+
+    from agents.learners import load_router
+
+    old = {
+        "layers.score_0": "score.0",
+        "layers.score_1": "score.2",
+        "layers.score_out": "score.4",
+        "layers.value_0": "value.0",
+        "layers.value_1": "value.2",
+    }
+    run = copy_run(saved, tmp_path / "run")
+    with zipfile.ZipFile(saved / "model.zip") as z:
+        files = {name: z.read(name) for name in z.namelist()}
+    state = torch.load(io.BytesIO(files["policy.pth"]), weights_only=True)
+    renamed = {}
+    for key, value in state.items():
+        for new_name, old_name in old.items():
+            key = key.replace(f"mlp_extractor.{new_name}.", f"mlp_extractor.{old_name}.")
+        renamed[key.replace("mlp_extractor.layers.value_out.", "value_net.")] = value
+    assert "value_net.weight" in renamed and "mlp_extractor.score.4.bias" in renamed
+    buffer = io.BytesIO()
+    torch.save(renamed, buffer)
+    files["policy.pth"] = buffer.getvalue()
+    with zipfile.ZipFile(run / "model.zip", "w") as z:
+        for name, content in files.items():
+            z.writestr(name, content)
+    obs = np.load(saved / "obs.npy")
+    for allow_pickle in (False, True):
+        router = load_router(run / "model.zip", "ppo", allow_pickle=allow_pickle)
+        np.testing.assert_array_equal(router(obs), np.load(saved / "actions.npy"))
 
 
 def test_a_crafted_model_zip_runs_no_code(saved, tmp_path):
@@ -224,9 +263,9 @@ def test_jax_checkpoints_are_data_and_damaged_ones_are_refused(tmp_path):
     import flax.serialization
     import jax
 
-    from agents.jax_ppo import NodeScoringNet, load_checkpoint, save_checkpoint
+    from agents.jax_ppo import init_variables, load_checkpoint, save_checkpoint
 
-    params = jax.device_get(NodeScoringNet(2, 8).init(jax.random.key(0), np.zeros((1, 26), np.float32)))
+    params = jax.device_get(init_variables(jax.random.key(0), 2, 8))
     good = tmp_path / "good.msgpack"
     save_checkpoint(good, params, None, 8)
     ck = load_checkpoint(good)

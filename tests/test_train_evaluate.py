@@ -16,7 +16,6 @@ ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--episode-length", "16"]
 
 
-
 def run(script: str, *args: str) -> subprocess.CompletedProcess:
     cmd = [sys.executable, str(ROOT / script), *args]
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
@@ -337,10 +336,15 @@ def test_jax_ppo_trains_through_train_py_and_evaluate_judges_it(tmp_path, monkey
         (["--conf-file", "missing.yml"], "hyperparameter file 'missing.yml' does not exist"),
         (["--conf-file", "BROKEN.yml"], "BROKEN.yml: not valid YAML (line 2, column 1"),
         (["--conf-file", "LIST.yml"], "LIST.yml: expected a mapping of environment ids, got list"),
+        (["--conf-file", "MLP.yml"], "--bc-teacher fits the node-scoring network"),
     ],
 )
 def test_train_refuses_bad_input(argv, message, tmp_path, capsys):
-    files = {"BROKEN.yml": "BurstBalance-v0: [n_envs: 4\n", "LIST.yml": "- BurstBalance-v0\n"}
+    files = {
+        "BROKEN.yml": "BurstBalance-v0: [n_envs: 4\n",
+        "LIST.yml": "- BurstBalance-v0\n",
+        "MLP.yml": "BurstBalance-v0:\n  policy: MlpPolicy\n",
+    }
     for name, text in files.items():
         (tmp_path / name).write_text(text)
     argv = [str(tmp_path) if a == "DIR" else str(tmp_path / a) if a in files else a for a in argv]
