@@ -192,9 +192,7 @@ def _handle_events(
     start_ok = active & (phase == IDLE) & (_start_time(slots, nodes, params, cfg) <= tau)
     if cfg.scheduler == "continuous":
         if geo is None:
-            plan = jax.vmap(lambda s, n, k: scheduler.plan_continuous(s, n, k, None))(
-                slots, ncfg, cache
-            )
+            plan = jax.vmap(lambda s, n, k: scheduler.plan_continuous(s, n, k, None))(slots, ncfg, cache)
         else:
             # A node that does not start plans as if empty, which leaves its cache unchanged, so the
             # plan's cache needs no select over the [N, U] tables (its slots are selected below).

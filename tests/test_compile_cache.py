@@ -35,10 +35,15 @@ PROGRAM = textwrap.dedent(
 def _run(tmp_path: Path, **env: str) -> dict:
     """Run PROGRAM with `env` over a clean environment (no cache setting of the test run)."""
     base = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "BURSTGYM_JAX"))}
-    base.update(XDG_CACHE_HOME=str(tmp_path / "xdg"), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-                JAX_PLATFORMS="cpu", **env)
-    out = subprocess.run([sys.executable, "-c", PROGRAM], env=base, capture_output=True, text=True,
-                         timeout=300, check=False)
+    base.update(
+        XDG_CACHE_HOME=str(tmp_path / "xdg"),
+        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+        JAX_PLATFORMS="cpu",
+        **env,
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", PROGRAM], env=base, capture_output=True, text=True, timeout=300, check=False
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 

@@ -109,6 +109,7 @@ def test_entry_limit_evicts_least_recently_released_and_flags_a_pinned_overflow(
 def test_memory_does_not_grow_with_the_ids_of_an_episode() -> None:
     """The table's size follows the chunks a node can hold: a thousand distinct ids pass through
     a cache of eight entries without a rebuild losing a held chunk."""
+
     @jax.jit  # one compiled cycle (eagerly, each call would compile its loops anew)
     def cycle(c: PrefixCache, ids: jax.Array) -> PrefixCache:
         c = pc.add_refs(c, _chunks(ids), jnp.ones(4, bool))[0]

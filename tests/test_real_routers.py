@@ -225,8 +225,19 @@ def run_router(name: str, n_requests: int = 1200, seed: int = 0, rule: str | Non
     port = free_port()
     # Each router also serves Prometheus metrics, on 29000 unless told; two routers under test at
     # once (pytest-xdist) would collide there, so each gets a free port on 127.0.0.1 of its own.
-    cmd = [*command, "--host", "127.0.0.1", "--port", str(port), "--policy", "cache_aware",
-           "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]
+    cmd = [
+        *command,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--policy",
+        "cache_aware",
+        "--prometheus-host",
+        "127.0.0.1",
+        "--prometheus-port",
+        str(free_port()),
+    ]
     cmd += ["--eviction-interval-secs", "3600", "--worker-urls", *(w.url for w in workers)]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     threads: dict[str, threading.Thread] = {}
