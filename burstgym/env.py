@@ -137,15 +137,17 @@ def chunk_widths(cfg: EnvConfig, chunks: int) -> tuple[int, ...]:
 def needed_chunks(state: State, chunk_tokens: int) -> jax.Array:
     """[] chunks per request a step needs: the most any request in a slot, the arriving request or
     the next one has (over every leading axis, as `needed_width`)."""
-    n = prefix_cache.ceil_div(state.requests.id_tokens, chunk_tokens)  # [..., R]
-    rows = n.shape[-1]
-    lead = n.shape[:-1]
+    tokens = state.requests.id_tokens  # [..., R]
+    rows = tokens.shape[-1]
+    lead = tokens.shape[:-1]
     slots = state.slots
-    req = jnp.clip(slots.req, 0, rows - 1).reshape(lead + (-1,))
-    held = jnp.where((slots.status != EMPTY).reshape(lead + (-1,)), jnp.take_along_axis(n, req, axis=-1), 0)
     k = jnp.asarray(state.step)[..., None]
-    routed = jnp.take_along_axis(n, jnp.clip(jnp.concatenate([k, k + 1], axis=-1), 0, rows - 1), axis=-1)
-    return jnp.maximum(held.max(), routed.max())
+    rows_read = jnp.concatenate([slots.req.reshape(lead + (-1,)), k, k + 1], axis=-1)
+    read = jnp.concatenate(
+        [(slots.status != EMPTY).reshape(lead + (-1,)), jnp.ones(lead + (2,), bool)], axis=-1
+    )
+    longest = jnp.where(read, jnp.take_along_axis(tokens, jnp.clip(rows_read, 0, rows - 1), axis=-1), 0).max()
+    return prefix_cache.ceil_div(longest, chunk_tokens)  # only the rows read, not every request's
 
 
 def needed_width(slots: Slots) -> jax.Array:
