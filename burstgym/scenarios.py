@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from burstgym import capacity
+from burstgym import capacity, prediction
 from burstgym.latency import LatencyModel, PowerModel, Profile, load_profile
 from burstgym.latency.power import flat_power_model
 from burstgym.prefix_cache import entry_bound
@@ -603,6 +603,7 @@ def make(name: str, **overrides) -> tuple[EnvConfig, EnvParams]:
         age_scale=arr(s.max_queue_delay if s.scheduler == "dynamic" else 1.0, fdt),
         rate_window=arr(s.rate_window, fdt),
         signal_interval=arr(s.signal_interval, fdt),
+        lengths=prediction.length_stats(workload, s.max_batch_size),
     )
     limit = max(seqs) if s.scheduler == "continuous" else s.max_batch_size
     exact = min(limit + s.queue_capacity, s.episode_length)

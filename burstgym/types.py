@@ -78,6 +78,16 @@ class NodeParams(NamedTuple):
     request_scale: jax.Array  # [N] float, requests a node holds at saturation (observation scale)
 
 
+class LengthStats(NamedTuple):
+    """The workload's request lengths as a router may assume them (never a request's own); `M` is the
+    largest batch of the nodes (`max_batch_size`). Read by `burstgym.prediction`."""
+
+    mean_prompt: jax.Array  # [] float, tokens
+    mean_output: jax.Array  # [] float, tokens
+    longest_prompt: jax.Array  # [M] float, E[longest prompt of b requests], b = 1..M
+    longest_output: jax.Array  # [M] float, E[longest output of b requests], b = 1..M
+
+
 class EnvParams(NamedTuple):
     """Parameters of one cluster, a pytree: vmap over it to sweep scenarios."""
 
@@ -94,6 +104,7 @@ class EnvParams(NamedTuple):
     age_scale: jax.Array  # [] float, seconds (observation scale for waiting age)
     rate_window: jax.Array  # [] float, seconds, time constant of the arrival-rate estimate
     signal_interval: jax.Array  # [] float, seconds between refreshes of the load signals (0: exact)
+    lengths: LengthStats  # the workload's mean lengths and expected longest of a batch (predictions)
 
 
 class Slots(NamedTuple):

@@ -1,5 +1,5 @@
 """How well marginal-cost's latency model predicts the simulator: per request, the TTFT and
-end-to-end latency `agents.marginal_cost.estimate` predicts on the node it is routed to (round-robin)
+end-to-end latency `burstgym.prediction.estimate` predicts on the node it is routed to (round-robin)
 against the simulated ones.
 
     python scripts/marginal_cost_accuracy.py --scenarios steady bursty bursty-dynamic prefix --seeds 4

@@ -15,13 +15,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from agents.marginal_cost import LengthStats, MarginalCost, estimate, length_stats
+from agents.marginal_cost import MarginalCost
 from agents.rollout import Rollout
 from agents.routers import BatchedRouter
 from burstgym import scenarios
 from burstgym.env import BurstBalance
+from burstgym.prediction import estimate, length_stats
 from burstgym.routing import FAMILIES
-from burstgym.types import ASLEEP
+from burstgym.types import ASLEEP, LengthStats
 
 # A front end of 11.3 ms (the vllm-serve engine's, docs/latency.md) and a mixture-of-experts node
 # (experts' weights read 3 ms, a token routed to a quarter of them).
