@@ -66,7 +66,7 @@ from agents.learners import (  # noqa: E402
 )
 from agents.policies import NODE_SCORING  # noqa: E402
 from agents.rollout import Rollout  # noqa: E402
-from agents.routers import ROUTERS, make_router  # noqa: E402
+from agents.routers import BatchedRouter, make_router  # noqa: E402
 from agents.runs import (  # noqa: E402
     Checkpoints,
     Run,
@@ -78,9 +78,9 @@ from agents.runs import (  # noqa: E402
     resumed_dir,
 )
 from agents.sb3_vec_env import JaxVecEnv  # noqa: E402
-from agents.warm_start import BC_BATCH, BC_EPOCHS  # noqa: E402
+from agents.warm_start import BC_BATCH, BC_EPOCHS, TEACHERS  # noqa: E402
+from agents.warm_start import teacher as make_teacher  # noqa: E402
 from burstgym import scenarios  # noqa: E402
-from burstgym.types import EnvConfig  # noqa: E402
 
 SERVING_TAGS = (
     "ttft_mean",
@@ -222,9 +222,9 @@ class SB3Learner:
 
     def warm_start(self, teacher: str, steps: int) -> dict[str, float]:
         """Behaviour cloning of the router `teacher` (`agents.learners.behaviour_clone`)."""
-        return behaviour_clone(
-            self.model, self.env, make_router(teacher, int(self.model.action_space.n)), steps
-        )
+        venv = self.env.unwrapped.venv  # JaxVecEnv's BurstBalanceVectorEnv
+        rule = make_teacher(teacher, venv.cfg, venv.params)
+        return behaviour_clone(self.model, self.env, BatchedRouter(rule, venv.cfg.n_nodes), steps)
 
     def learn(
         self, after_step: Callable[[], None], stop: StopOnSignal, records: dict[str, float], progress: bool
@@ -298,10 +298,9 @@ class JaxLearner:
         return int(self.learner.num_timesteps)
 
     def warm_start(self, teacher: str, steps: int) -> dict[str, float]:
-        """Behaviour cloning of the JAX twin of the router `teacher` (`JaxPPO.warm_start`)."""
-        from agents.routers import make_rule
-
-        return self.learner.warm_start(make_rule(teacher), steps, BC_EPOCHS, BC_BATCH)
+        """Behaviour cloning of the router `teacher` inside the jitted clusters (`JaxPPO.warm_start`)."""
+        rule = make_teacher(teacher, self.learner.cfg, self.learner.params)
+        return self.learner.warm_start(rule, steps, BC_EPOCHS, BC_BATCH)
 
     def learn(
         self, after_step: Callable[[], None], stop: StopOnSignal, records: dict[str, float], progress: bool
@@ -423,13 +422,6 @@ def print_held_out(records: dict[str, float]) -> None:
         )
 
 
-def default_teacher(cfg: EnvConfig) -> str:
-    """The warm start's teacher for `--bc-teacher auto`: SGLang's cache-aware rule where the nodes
-    cache shared prefixes (it trades cache affinity against load), JSQ elsewhere. docs/agents.md
-    has the measurement behind it."""
-    return "sglang-cache-aware" if cfg.prefix_caching else "jsq"
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument(
@@ -461,9 +453,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument(
         "--bc-teacher",
-        default="auto",
-        help="router the actor imitates first ('none': off; 'auto': sglang-cache-aware where the "
-        "scenario caches shared prefixes, else jsq)",
+        default="marginal-cost",
+        help="router the actor imitates first ('none': off; default marginal-cost, the model-based "
+        "router; or any rule of agents.routers)",
     )
     p.add_argument("--bc-steps", type=int, default=16_384, help="environment steps of imitation data")
     p.add_argument("--no-stagger", action="store_true", help="all clusters' first episodes of full length")
@@ -525,9 +517,9 @@ def plan(args: argparse.Namespace) -> tuple[Run, dict[str, Any]]:
     algo = old.get("algo") or args.algo or "ppo"
     check_algo(algo)
     device = check_device(args.device)
-    if args.bc_teacher not in ("none", "auto", *ROUTERS):
-        valid = ", ".join(ROUTERS)
-        raise ValueError(f"unknown router {args.bc_teacher!r} for --bc-teacher; valid: none, auto, {valid}")
+    if args.bc_teacher not in ("none", *TEACHERS):
+        valid = ", ".join(TEACHERS)
+        raise ValueError(f"unknown router {args.bc_teacher!r} for --bc-teacher; valid: none, {valid}")
     if args.bc_teacher != "none" and algo == "dqn" and not args.resume:
         raise ValueError(
             "--bc-teacher needs an actor-critic algorithm (ppo, a2c, maskable-ppo); use --bc-teacher none"
@@ -565,10 +557,8 @@ def plan(args: argparse.Namespace) -> tuple[Run, dict[str, Any]]:
     if timesteps < 1 or n_envs < 1:
         raise ValueError("--timesteps and --n-envs must be positive")
     seed = args.seed if args.seed is not None else int(old.get("seed", 0))
-    cfg, _ = scenarios.make(scenario, **settings)  # refuse bad settings before anything is written
-    bc_teacher = None
-    if not args.resume and args.bc_teacher != "none":
-        bc_teacher = default_teacher(cfg) if args.bc_teacher == "auto" else args.bc_teacher
+    scenarios.make(scenario, **settings)  # refuse bad settings before anything is written
+    bc_teacher = None if args.resume or args.bc_teacher == "none" else args.bc_teacher
     out = Path(args.out)
     if old_run is not None:
         run_dir, hint = resumed_dir(out, old_run, args.run_name), "give another --run-name"

@@ -30,7 +30,11 @@ Observation (per node, `NODE_FEATURES` each, in node order):
 - `idle`, `busy`, `asleep`: the node's power state, one-hot (waking counts as asleep);
 - `cache_hit`: fraction of the arriving request's prompt the node holds in its prefix cache;
 - `cache_used`: fraction of the node's KV blocks the prefix cache holds (pinned or not);
-- `capacity`: the node's capacity (requests/s) over the cluster's mean (1 on a homogeneous cluster).
+- `capacity`: the node's capacity (requests/s) over the cluster's mean (1 on a homogeneous cluster);
+- `predicted_ttft`: the arriving request's TTFT predicted on the node (`burstgym.prediction`, the
+  model the `marginal-cost` router uses) over the least predicted cost of any node;
+- `predicted_cost`: the objective's predicted increase if the request goes to the node, beyond the
+  least of any node, over that least (0 on the node `marginal-cost` would choose).
 Then global features:
 - `prompt`: the arriving request's prompt tokens over `prompt_scale` (the output length is hidden);
 - `since_last_arrival`: seconds since the previous arrival times the workload's mean rate;
@@ -47,6 +51,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from burstgym import prediction
 from burstgym import prefix_cache as pc
 from burstgym.cluster import Geometry, kv_utilisation, would_drop
 from burstgym.latency import step_time
@@ -64,6 +69,8 @@ NODE_FEATURES = (
     "cache_hit",
     "cache_used",
     "capacity",
+    "predicted_ttft",
+    "predicted_cost",
 )
 GLOBAL_FEATURES = ("prompt", "since_last_arrival", "arrival_rate", "time_to_go")
 # The load signals, in the order of `State.seen` (refreshed every `signal_interval`).
@@ -226,6 +233,15 @@ def observe(view: RouterView, params: EnvParams, cfg: EnvConfig) -> jax.Array:
     dtype = view.running.dtype
     scale = p.request_scale
     phase = view.phase
+    predicted = prediction.estimate(
+        view,
+        prediction.node_model(params),
+        params.lengths,
+        prediction.weights_of(params),
+        cfg.scheduler,
+        cfg.padding,
+    )
+    least = jnp.min(predicted.cost)
     per_node = jnp.stack(
         [
             view.running / scale,
@@ -239,6 +255,8 @@ def observe(view: RouterView, params: EnvParams, cfg: EnvConfig) -> jax.Array:
             view.hit_tokens / jnp.maximum(view.prompt, 1.0),
             view.cache_used,
             p.capacity_rps / jnp.mean(p.capacity_rps),
+            predicted.ttft / least,
+            (predicted.cost - least) / least,
         ],
         axis=1,
     )

@@ -428,17 +428,17 @@ def test_rl_zoo3_trains_from_the_same_hyperparameter_file(tmp_path):
     assert router(obs).shape == (2,)
 
 
-def test_default_teacher_is_cache_aware_only_where_prefixes_are_cached():
+def test_teacher_names_marginal_cost_or_a_rule_and_refuses_others():
+    from agents.marginal_cost import MarginalCost
+    from agents.warm_start import teacher
     from burstgym import scenarios
 
-    train = load_script("train")
-    for name, teacher in (
-        ("prefix", "sglang-cache-aware"),
-        ("conversation", "sglang-cache-aware"),
-        ("bursty", "jsq"),
-    ):
-        cfg, _ = scenarios.make(name, episode_length=16)
-        assert train.default_teacher(cfg) == teacher, name
+    cfg, params = scenarios.make("bursty-dynamic", episode_length=16)
+    mc = teacher("marginal-cost", cfg, params)
+    assert isinstance(mc, MarginalCost) and mc.scheduler == "dynamic"
+    assert teacher("jsq", cfg, params).name == "jsq"
+    with pytest.raises(ValueError, match="unknown router 'oracle' to imitate"):
+        teacher("oracle", cfg, params)
 
 
 def test_set_reads_json_and_python_spellings() -> None:
