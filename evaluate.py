@@ -37,7 +37,7 @@ from rich.console import Console  # noqa: E402
 
 from agents.cli import parse_settings  # noqa: E402
 from agents.learners import DEVICES, check_algo, check_device, load_router  # noqa: E402
-from agents.routers import ROUTERS  # noqa: E402
+from agents.routers import ROUTERS, SCENARIO_ROUTERS  # noqa: E402
 from agents.runs import find_config  # noqa: E402
 from burstgym import scenarios  # noqa: E402
 from burstgym.observation import obs_size  # noqa: E402
@@ -51,6 +51,7 @@ from evaluation.statistics import BASELINE, scenario_rows, summary  # noqa: E402
 DEFAULT_MODEL = Path("runs/prefix-ppo-seed0/best_model.zip")
 FINAL_MODEL = DEFAULT_MODEL.with_name("model.zip")  # used when training kept no best model (--eval-every 0)
 CACHE_VIEWS = ("router", "engine", "both")
+ALL_ROUTERS = (*ROUTERS, *SCENARIO_ROUTERS)  # the rules, then marginal-cost
 console = Console()
 
 
@@ -65,7 +66,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--trace", action="append", default=[], help="trace file to replay (repeatable)")
     p.add_argument("--load", type=float, default=None, help="override every scenario's load")
-    p.add_argument("--routers", nargs="+", default=list(ROUTERS), help=f"routers: {', '.join(ROUTERS)}")
+    p.add_argument(
+        "--routers", nargs="+", default=list(ALL_ROUTERS), help=f"routers: {', '.join(ALL_ROUTERS)}"
+    )
     p.add_argument(
         "--cache-view",
         choices=CACHE_VIEWS,
@@ -134,8 +137,8 @@ def evaluate(args: argparse.Namespace) -> int:
     if not args.ci_width > 0:
         raise ValueError(f"--ci-width must be positive, got {args.ci_width}")
     for name in args.routers:
-        if name not in ROUTERS:
-            raise ValueError(f"unknown router {name!r}; valid routers: {', '.join(ROUTERS)}")
+        if name not in ALL_ROUTERS:
+            raise ValueError(f"unknown router {name!r}; valid routers: {', '.join(ALL_ROUTERS)}")
     names = list(dict.fromkeys([BASELINE, *args.routers]))
     routers = router_specs(names, args.cache_view)
     results = ResultsFolder(args.out)  # refused now, not after the work
@@ -150,7 +153,7 @@ def router_specs(names: list[str], cache_view: str) -> list[Any]:
     """The routers to run: each name, or its variant reading the engines' cache (`--cache-view`)."""
     specs: list[Any] = []
     for name in names:
-        own_index = getattr(ROUTERS[name], "index", None) is not None
+        own_index = name in ROUTERS and getattr(ROUTERS[name], "index", None) is not None
         if cache_view != "engine" or not own_index:
             specs.append(name)
         if cache_view in ("engine", "both") and own_index:

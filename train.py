@@ -66,7 +66,7 @@ from agents.learners import (  # noqa: E402
 )
 from agents.policies import NODE_SCORING  # noqa: E402
 from agents.rollout import Rollout  # noqa: E402
-from agents.routers import BatchedRouter, make_router  # noqa: E402
+from agents.routers import BatchedRouter, make_router, scenario_rule  # noqa: E402
 from agents.runs import (  # noqa: E402
     Checkpoints,
     Run,
@@ -79,7 +79,6 @@ from agents.runs import (  # noqa: E402
 )
 from agents.sb3_vec_env import JaxVecEnv  # noqa: E402
 from agents.warm_start import BC_BATCH, BC_EPOCHS, TEACHERS  # noqa: E402
-from agents.warm_start import teacher as make_teacher  # noqa: E402
 from burstgym import scenarios  # noqa: E402
 
 SERVING_TAGS = (
@@ -223,7 +222,7 @@ class SB3Learner:
     def warm_start(self, teacher: str, steps: int) -> dict[str, float]:
         """Behaviour cloning of the router `teacher` (`agents.learners.behaviour_clone`)."""
         venv = self.env.unwrapped.venv  # JaxVecEnv's BurstBalanceVectorEnv
-        rule = make_teacher(teacher, venv.cfg, venv.params)
+        rule = scenario_rule(teacher, venv.cfg, venv.params)
         return behaviour_clone(self.model, self.env, BatchedRouter(rule, venv.cfg.n_nodes), steps)
 
     def learn(
@@ -299,7 +298,7 @@ class JaxLearner:
 
     def warm_start(self, teacher: str, steps: int) -> dict[str, float]:
         """Behaviour cloning of the router `teacher` inside the jitted clusters (`JaxPPO.warm_start`)."""
-        rule = make_teacher(teacher, self.learner.cfg, self.learner.params)
+        rule = scenario_rule(teacher, self.learner.cfg, self.learner.params)
         return self.learner.warm_start(rule, steps, BC_EPOCHS, BC_BATCH)
 
     def learn(

@@ -1,4 +1,4 @@
-"""The warm start both learners use: behaviour cloning of a router (`teacher`) by the shared network
+"""The warm start both learners use: behaviour cloning of a router (one of `TEACHERS`) by the shared network
 (`agents.model`) on that router's rollouts. Each learner collects the rollouts its own way (SB3's
 on its vector env, `agents.learners.collect_teacher`; the JAX learner inside its jitted clusters,
 `agents.jax_ppo.JaxPPO.warm_start`) into a `TeacherData`; `fit` is the one fit, in JAX, of the
@@ -15,25 +15,13 @@ import numpy as np
 import optax
 
 from agents import model
-from agents.marginal_cost import MarginalCost
-from agents.routers import ROUTERS, make_rule
-from burstgym.types import EnvConfig, EnvParams
+from agents.routers import ROUTERS, SCENARIO_ROUTERS
 
 # What `--bc-teacher` accepts: the model-based router (the default: in docs/headroom.md's table it
 # reaches the lookahead bound's gain within the CIs wherever that gain is resolved but under the
 # batching window) and every rule of agents.routers.
-TEACHERS = ("marginal-cost", *ROUTERS)
+TEACHERS = (*SCENARIO_ROUTERS, *ROUTERS)
 BC_EPOCHS, BC_BATCH, BC_LR = 20, 256, 1e-3  # docs/agents.md, "Training set-up"
-
-
-def teacher(name: str, cfg: EnvConfig, params: EnvParams) -> Any:
-    """The router called `name` (one of `TEACHERS`) for the scenario `cfg`, `params`: marginal-cost
-    configured with its nodes and lengths, or a rule of agents.routers."""
-    if name == "marginal-cost":
-        return MarginalCost.for_scenario(cfg, params)
-    if name not in ROUTERS:
-        raise ValueError(f"unknown router {name!r} to imitate; valid: {', '.join(TEACHERS)}")
-    return make_rule(name)
 
 
 class TeacherData(NamedTuple):

@@ -18,9 +18,10 @@ import numpy as np
 from tqdm import tqdm
 
 from agents.rollout import Episodes, Rollout
-from agents.routers import ROUTERS, make_router
+from agents.routers import ROUTERS, BatchedRouter, make_router, scenario_rule
 from burstgym import scenarios
 from burstgym.routing import takes_part
+from burstgym.types import EnvConfig, EnvParams
 from evaluation.statistics import BASELINE, paired
 
 # Burstiness levels of the regime map: a scenario and its arrival settings (Poisson, then on/off
@@ -107,10 +108,10 @@ def run_resolved(
 RouterSpec = str | tuple[str, dict[str, Any]]  # a router's name, or its name and parameters
 
 
-def build(spec: RouterSpec, n_nodes: int) -> Any:
-    """The router a spec names (`agents.routers.make_router`), for clusters of `n_nodes`."""
-    name, params = (spec, {}) if isinstance(spec, str) else spec
-    return make_router(name, n_nodes, **params)
+def build(spec: RouterSpec, cfg: EnvConfig, params: EnvParams) -> Any:
+    """The batched router a spec names (`agents.routers.scenario_rule`) for the scenario `cfg`, `params`."""
+    name, options = (spec, {}) if isinstance(spec, str) else spec
+    return BatchedRouter(scenario_rule(name, cfg, params, **options), cfg.n_nodes)
 
 
 def scenario_task(
@@ -126,8 +127,7 @@ def scenario_task(
     against round-robin resolves (`run_resolved`); returns the results and the unresolved routers.
     Routers are specs (`build`), so that a task can travel to a Ray worker."""
     rollout = Rollout(name, **settings)
-    n = rollout.cfg.n_nodes
-    batch = [build(r, n) for r in routers] + ([learned] if learned else [])
+    batch = [build(r, rollout.cfg, rollout.params) for r in routers] + ([learned] if learned else [])
     return run_resolved(
         rollout, batch, seeds, max_seeds, width_pct, lambda r: [(x, BASELINE) for x in r if x != BASELINE]
     )
@@ -157,7 +157,11 @@ def families(routers: Sequence[str], scheduler: str, level: str) -> dict[str, tu
     regimes each declares) and affinity (only where prompts share prefixes), by their `family`."""
     out = {}
     for family in ("balancing", *SKEW_FAMILIES):
-        names = [n for n in routers if ROUTERS[n].family == family and takes_part(ROUTERS[n], scheduler)]
+        names = [
+            n
+            for n in routers
+            if n in ROUTERS and ROUTERS[n].family == family and takes_part(ROUTERS[n], scheduler)
+        ]
         out[family] = tuple(names) if family != "affinity" or level != "none" else ()
     return out
 

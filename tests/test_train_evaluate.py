@@ -428,17 +428,17 @@ def test_rl_zoo3_trains_from_the_same_hyperparameter_file(tmp_path):
     assert router(obs).shape == (2,)
 
 
-def test_teacher_names_marginal_cost_or_a_rule_and_refuses_others():
+def test_scenario_rule_names_marginal_cost_or_a_rule_and_refuses_others():
     from agents.marginal_cost import MarginalCost
-    from agents.warm_start import teacher
+    from agents.routers import scenario_rule
     from burstgym import scenarios
 
     cfg, params = scenarios.make("bursty-dynamic", episode_length=16)
-    mc = teacher("marginal-cost", cfg, params)
+    mc = scenario_rule("marginal-cost", cfg, params)
     assert isinstance(mc, MarginalCost) and mc.scheduler == "dynamic"
-    assert teacher("jsq", cfg, params).name == "jsq"
-    with pytest.raises(ValueError, match="unknown router 'oracle' to imitate"):
-        teacher("oracle", cfg, params)
+    assert scenario_rule("jsq", cfg, params).name == "jsq"
+    with pytest.raises(ValueError, match="unknown router 'oracle'; valid routers: .*marginal-cost"):
+        scenario_rule("oracle", cfg, params)
 
 
 def test_set_reads_json_and_python_spellings() -> None:

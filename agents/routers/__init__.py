@@ -19,6 +19,7 @@ from typing import Any
 
 from agents.routers.base import BatchedRouter, Rule
 from burstgym.routing import FAMILIES, family_of
+from burstgym.types import EnvConfig, EnvParams
 
 
 def _discover() -> dict[str, type[Rule]]:
@@ -57,9 +58,35 @@ def make_rule(name: str, seed: int = 0, **params: Any) -> Rule:
     return cls(seed=seed, **params)
 
 
+# Deployable routers configured from the scenario they serve (its nodes, lengths and objective),
+# beside the rules of ROUTERS: agents/marginal_cost.py.
+SCENARIO_ROUTERS = ("marginal-cost",)
+
+
+def scenario_rule(name: str, cfg: EnvConfig, params: EnvParams, seed: int = 0, **options: Any) -> Rule:
+    """The deployable router called `name` for the scenario `cfg`, `params`: a rule of `ROUTERS`
+    (`make_rule`), or one of `SCENARIO_ROUTERS` configured with the scenario."""
+    if name == "marginal-cost":
+        from agents.marginal_cost import MarginalCost  # it builds on this package's base
+
+        return MarginalCost.for_scenario(cfg, params, seed=seed, **options)
+    if name not in ROUTERS:
+        valid = ", ".join((*ROUTERS, *SCENARIO_ROUTERS))
+        raise ValueError(f"unknown router {name!r}; valid routers: {valid}")
+    return make_rule(name, seed, **options)
+
+
 def make_router(name: str, n_nodes: int, seed: int = 0, **params: Any) -> BatchedRouter:
     """The router called `name` for clusters of `n_nodes`, as a batched NumPy router."""
     return BatchedRouter(make_rule(name, seed, **params), n_nodes)
 
 
-__all__ = ["ROUTERS", "BatchedRouter", "Rule", "make_router", "make_rule"]
+__all__ = [
+    "ROUTERS",
+    "SCENARIO_ROUTERS",
+    "BatchedRouter",
+    "Rule",
+    "make_router",
+    "make_rule",
+    "scenario_rule",
+]
