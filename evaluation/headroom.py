@@ -311,7 +311,8 @@ def case_file(folder: Path, case: Case) -> Path:
 def kept(todo: Sequence[Case], settings: dict[str, Any], folder: Path) -> dict[str, dict[str, Any]]:
     """The results already in `folder` of the cases of `todo` that ran with exactly `settings`
     (seeds, warm-up seeds, episode length, routers, model) and the same case settings (`--resume`);
-    a case run otherwise is run again."""
+    a case run otherwise is run again, except one run without a model where `settings` has one:
+    it is kept with `"model": None` in its settings, and `headroom` runs only the model on it."""
     out = {}
     for case in todo:
         path = case_file(folder, case)
@@ -322,10 +323,26 @@ def kept(todo: Sequence[Case], settings: dict[str, Any], folder: Path) -> dict[s
         except json.JSONDecodeError as e:
             raise ValueError(f"{path}: not a case's JSON ({e}); delete it to run the case again") from e
         wanted = json.loads(json.dumps({**settings, "case": dataclasses.asdict(case)}))
-        if result.get("settings") == wanted:
+        if result.get("settings") == wanted or result.get("settings") == {**wanted, "model": None}:
             out[case.label] = result
             print(f"{case.label}: kept from {path}")
     return out
+
+
+def _model_worker(
+    case: Case, seeds: list[int], episode_length: int, model: tuple[str, str | None]
+) -> dict[str, Any]:
+    """The trained model alone on one case in its own process (a case kept from a run without it)."""
+    learned = _learned(*model)
+    cfg, params = scenarios.make(case.scenario, episode_length=episode_length, **dict(case.settings))
+    start = time.perf_counter()
+    batch = rollout(cfg, params, [learned], seeds)
+    batch.check()
+    return {
+        "objective": {learned.name: batch.objective.tolist()},
+        "family": {learned.name: learned.family},
+        "seconds": {"model": time.perf_counter() - start},
+    }
 
 
 def headroom(args: argparse.Namespace) -> int:
@@ -368,9 +385,20 @@ def headroom(args: argparse.Namespace) -> int:
             for case in todo
             if case.label not in results
         }
+        futures |= {
+            pool.submit(_model_worker, case, seeds, args.episode_length, model): case
+            for case in todo
+            if model and case.label in results and results[case.label]["settings"]["model"] is None
+        }
         for future in as_completed(futures):
-            case = futures[future]
-            result = {**future.result(), "settings": {**settings, "case": dataclasses.asdict(case)}}
+            case, new = futures[future], future.result()
+            if case.label in results:  # the model added to a kept case
+                old = results[case.label]
+                new = {
+                    "case": case.label,
+                    **{k: {**old[k], **new[k]} for k in ("objective", "family", "seconds")},
+                }
+            result = {**new, "settings": {**settings, "case": dataclasses.asdict(case)}}
             # Written whole or not at all, so an interrupted run leaves no half-written case.
             partial = case_file(done_dir, case).with_suffix(".partial")
             partial.write_text(json.dumps(result, indent=1))

@@ -168,3 +168,30 @@ def test_out_that_is_a_file_is_refused(tmp_path, capsys):
     path.write_text("")
     assert main(["--scenarios", "steady", "--out", str(path)]) == 2
     assert "is a file" in capsys.readouterr().err
+
+
+def test_resume_with_a_model_runs_only_the_model_on_a_kept_case(tmp_path, capsys):
+    """A case kept from a run without a model gains the model's column; nothing else runs again."""
+    from agents.hyperparams import load
+    from agents.jax_ppo import JaxPPO, PPOConfig
+    from burstgym import scenarios
+
+    (steady,) = cases(["steady"], [], None)
+    (tmp_path / "cases").mkdir()
+    _write_case(tmp_path / "cases", steady, _settings())
+    cfg, params = scenarios.make("steady", episode_length=8)
+    learner = JaxPPO(cfg, params, PPOConfig.from_entry(load("ppo", "prefix")), n_envs=2, total_timesteps=16)
+    learner.setup(0)
+    model = tmp_path / "model.msgpack"
+    learner.save(model)
+    argv = ["--scenarios", "steady", "--routers", BASELINE, "--seeds", "2", "--seed-base", "10"]
+    argv += ["--warm-seed-base", "20", "--episode-length", "8", "--out", str(tmp_path), "--resume"]
+    assert main([*argv, "--model", str(model), "--algo", "jax-ppo"]) == 0
+    record = json.loads(case_file(tmp_path / "cases", steady).read_text())
+    assert record["objective"][BASELINE] == [10.0, 12.0]  # kept, not run again
+    (learned,) = set(record["objective"]) - {BASELINE, "marginal-cost", BOUND}
+    assert len(record["objective"][learned]) == 2 and record["settings"]["model"] == str(model)
+    assert set(record["seconds"]) == {"rules", "model"}
+    assert "kept from" in capsys.readouterr().out
+    assert main([*argv, "--model", str(model), "--algo", "jax-ppo"]) == 0  # now kept whole
+    assert json.loads(case_file(tmp_path / "cases", steady).read_text()) == record
