@@ -66,7 +66,7 @@ from agents.learners import (  # noqa: E402
 )
 from agents.policies import NODE_SCORING  # noqa: E402
 from agents.rollout import Rollout  # noqa: E402
-from agents.routers import BatchedRouter, make_router, scenario_rule  # noqa: E402
+from agents.routers import BatchedRouter, make_router  # noqa: E402
 from agents.runs import (  # noqa: E402
     Checkpoints,
     Run,
@@ -79,6 +79,7 @@ from agents.runs import (  # noqa: E402
 )
 from agents.sb3_vec_env import JaxVecEnv  # noqa: E402
 from agents.warm_start import BC_BATCH, BC_EPOCHS, TEACHERS  # noqa: E402
+from agents.warm_start import teacher as make_teacher  # noqa: E402
 from burstgym import scenarios  # noqa: E402
 
 SERVING_TAGS = (
@@ -222,7 +223,7 @@ class SB3Learner:
     def warm_start(self, teacher: str, steps: int) -> dict[str, float]:
         """Behaviour cloning of the router `teacher` (`agents.learners.behaviour_clone`)."""
         venv = self.env.unwrapped.venv  # JaxVecEnv's BurstBalanceVectorEnv
-        rule = scenario_rule(teacher, venv.cfg, venv.params)
+        rule = make_teacher(teacher, venv.cfg, venv.params)  # main() refuses the lookahead here
         return behaviour_clone(self.model, self.env, BatchedRouter(rule, venv.cfg.n_nodes), steps)
 
     def learn(
@@ -298,7 +299,7 @@ class JaxLearner:
 
     def warm_start(self, teacher: str, steps: int) -> dict[str, float]:
         """Behaviour cloning of the router `teacher` inside the jitted clusters (`JaxPPO.warm_start`)."""
-        rule = scenario_rule(teacher, self.learner.cfg, self.learner.params)
+        rule = make_teacher(teacher, self.learner.cfg, self.learner.params)
         return self.learner.warm_start(rule, steps, BC_EPOCHS, BC_BATCH)
 
     def learn(
@@ -454,7 +455,7 @@ def main(argv: list[str] | None = None) -> int:
         "--bc-teacher",
         default="marginal-cost",
         help="router the actor imitates first ('none': off; default marginal-cost, the model-based "
-        "router; or any rule of agents.routers)",
+        "router; lookahead, the bound, with --algo jax-ppo; or any rule of agents.routers)",
     )
     p.add_argument("--bc-steps", type=int, default=16_384, help="environment steps of imitation data")
     p.add_argument("--no-stagger", action="store_true", help="all clusters' first episodes of full length")
@@ -519,6 +520,10 @@ def plan(args: argparse.Namespace) -> tuple[Run, dict[str, Any]]:
     if args.bc_teacher not in ("none", *TEACHERS):
         valid = ", ".join(TEACHERS)
         raise ValueError(f"unknown router {args.bc_teacher!r} for --bc-teacher; valid: none, {valid}")
+    if args.bc_teacher == "lookahead" and algo != "jax-ppo" and not args.resume:
+        raise ValueError(
+            "--bc-teacher lookahead reads the cluster's state: only --algo jax-ppo can imitate it"
+        )
     if args.bc_teacher != "none" and algo == "dqn" and not args.resume:
         raise ValueError(
             "--bc-teacher needs an actor-critic algorithm (ppo, a2c, maskable-ppo); use --bc-teacher none"

@@ -50,7 +50,7 @@ from agents import model, warm_start
 from agents.model import Moments, ObsStats
 from agents.routers.base import RuleState
 from agents.warm_start import BC_LR, TeacherData
-from burstgym import cluster
+from burstgym import cluster, routing
 from burstgym.env import BurstBalance
 from burstgym.gym_env import batched_step_fn, check_error
 from burstgym.observation import GLOBAL_FEATURES, NODE_FEATURES, action_mask
@@ -458,8 +458,9 @@ class JaxPPO:
     def warm_start(
         self, teacher: Any, steps: int, epochs: int, batch_size: int, lr: float = BC_LR
     ) -> dict[str, float]:
-        """Behaviour cloning, as `agents.learners.behaviour_clone` does for SB3: `teacher` (a JAX
-        router, `agents.routers`) routes the training clusters for `steps` decisions; the
+        """Behaviour cloning, as `agents.learners.behaviour_clone` does for SB3: `teacher` (a router
+        of the rollout engine, `burstgym.routing`: a rule, marginal-cost, or the lookahead bound,
+        which reads the cluster's state) routes the training clusters for `steps` decisions; the
         observation statistics take in its observations; then `agents.warm_start.fit` fits the
         network to them (`epochs` passes of minibatches of `batch_size`). The clusters continue
         from where the teacher left them. Returns the fit's records."""
@@ -475,7 +476,9 @@ class JaxPPO:
                 r, rs = carry
                 views = jax.vmap(self.core.view, in_axes=(0, None))(r.states, env_params)
                 masks = jax.vmap(action_mask)(views)
-                action, rs = jax.vmap(teacher.act)(rs, views, masks)
+                action, rs = jax.vmap(
+                    lambda s, v, m, c: routing.act(teacher, s, v, m, cluster_state=c, params=env_params)
+                )(rs, views, masks, r.states)
                 obs, states, reward, done, info = step(r.states, action)
                 rs = cluster.tree_where(done, r0, rs)
                 out = (r.obs, action, reward, done, info["final_obs"], info["error"])

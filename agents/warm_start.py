@@ -15,12 +15,26 @@ import numpy as np
 import optax
 
 from agents import model
-from agents.routers import ROUTERS, SCENARIO_ROUTERS
+from agents.routers import ROUTERS, SCENARIO_ROUTERS, scenario_rule
+from burstgym.types import EnvConfig, EnvParams
 
 # What `--bc-teacher` accepts: the model-based router (the default: in docs/headroom.md's table it
 # reaches the lookahead bound's gain within the CIs wherever that gain is resolved but under the
 # batching window) and every rule of agents.routers.
-TEACHERS = (*SCENARIO_ROUTERS, *ROUTERS)
+# `lookahead` (the bound, agents/lookahead.py: it reads the cluster's state and the true output
+# lengths) teaches the JAX learner only, which collects inside the jitted clusters.
+TEACHERS = (*SCENARIO_ROUTERS, "lookahead", *ROUTERS)
+
+
+def teacher(name: str, cfg: EnvConfig, params: EnvParams) -> Any:
+    """The router called `name` (one of `TEACHERS`) for the scenario `cfg`, `params`."""
+    if name == "lookahead":
+        from agents.lookahead import Lookahead
+
+        return Lookahead(cfg)
+    return scenario_rule(name, cfg, params)
+
+
 BC_EPOCHS, BC_BATCH, BC_LR = 20, 256, 1e-3  # docs/agents.md, "Training set-up"
 
 

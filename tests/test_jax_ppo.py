@@ -164,3 +164,13 @@ def test_a_checkpoint_that_is_not_one_is_refused(tmp_path):
         JaxPolicyRouter.load(bad)
     with pytest.raises(FileNotFoundError, match="does not exist"):
         JaxPolicyRouter.load(tmp_path / "missing.msgpack")
+
+
+def test_the_jax_learner_imitates_the_lookahead_bound(tiny_setup):
+    """A teacher that reads the cluster's state (the bound) routes the warm start's clusters."""
+    from agents.warm_start import teacher
+
+    cfg, params, _ = tiny_setup
+    learner = _learner(tiny_setup)
+    bc = learner.warm_start(teacher("lookahead", cfg, params), 32, epochs=2, batch_size=16)
+    assert bc["samples"] == 32 and 0.0 <= bc["agreement"] <= 1.0
