@@ -214,6 +214,43 @@ def run_case(
     return objective, family, timing
 
 
+def against_best(label: str, objective: dict[str, np.ndarray], model: str) -> dict[str, Any]:
+    """The model against the best other deployable router of one case (every router but the bound
+    and the model, by mean objective) and against the best rule of `agents.routers`: paired
+    differences over the seeds in % of that router's mean, with 95% CIs (positive: the model is
+    better)."""
+    row: dict[str, Any] = {"case": label}
+    deployable = {k: v for k, v in objective.items() if k not in (model, BOUND)}
+    rules = {k: v for k, v in deployable.items() if k in ROUTERS}
+    for key, pool in (("best", deployable), ("best_rule", rules)):
+        best = min(pool, key=lambda k: float(np.mean(pool[k])))
+        _, half, pct = paired(objective[model], pool[best])
+        row |= {
+            key: best,
+            f"{key}_gain_pct": 0.0 - pct,
+            f"{key}_gain_ci_pct": 100.0 * half / float(np.mean(pool[best])),
+        }
+    return row
+
+
+def versus_markdown(model: str, rows: Sequence[dict[str, Any]]) -> str:
+    """One table: per case, the model against the best other deployable router and the best rule."""
+    out = [
+        f"### {model} against the best other router\n",
+        "Paired over the same seeds, in % of the other router's objective (positive: "
+        f"{model} is better), 95% CI.\n",
+        f"| case | best other deployable router | {model} vs it | best rule | {model} vs it |",
+        "|---|---|---:|---|---:|",
+    ]
+    for r in rows:
+        out.append(
+            f"| {r['case']} | {r['best']} | {r['best_gain_pct']:+.2f}% ± {r['best_gain_ci_pct']:.2f} "
+            f"| {r['best_rule']} | {r['best_rule_gain_pct']:+.2f}% ± {r['best_rule_gain_ci_pct']:.2f} |"
+        )
+    out.append("")
+    return "\n".join(out)
+
+
 def _share(row: dict[str, Any]) -> str:
     if row["router"] in (BASELINE, BOUND):
         return "0%" if row["router"] == BASELINE else "100%"
@@ -361,8 +398,7 @@ def headroom(args: argparse.Namespace) -> int:
         raise ValueError(f"--out {args.out!r} is a file")
     todo = cases(args.scenarios, args.trace, args.load)
     model = (args.model, args.algo) if args.model else None
-    if model:
-        _learned(*model)  # refused now, not in a worker
+    model_name = _learned(*model).name if model else None  # refused now, not in a worker
     seeds = list(range(args.seed_base, args.seed_base + args.seeds))
     warm_seeds = list(range(args.warm_seed_base, args.warm_seed_base + args.seeds))
     settings = {
@@ -405,21 +441,26 @@ def headroom(args: argparse.Namespace) -> int:
             partial.replace(case_file(done_dir, case))
             results[case.label] = result
             print(f"{case.label}: done, written to {case_file(done_dir, case)}", flush=True)
-    rows = []
+    rows, versus = [], []
     for case in todo:
         r = results[case.label]
-        rows += table_rows(case.label, {k: np.asarray(v) for k, v in r["objective"].items()}, r["family"])
+        objective = {k: np.asarray(v) for k, v in r["objective"].items()}
+        rows += table_rows(case.label, objective, r["family"])
+        if model_name:
+            versus.append(against_best(case.label, objective, model_name))
     df = pd.DataFrame(rows)
     df.to_csv(out / "headroom.csv", index=False)
-    (out / "headroom.md").write_text(markdown(df))
+    text = markdown(df) + (versus_markdown(model_name, versus) if model_name else "")
+    (out / "headroom.md").write_text(text)
     record = {
         "command": args.command,
         **settings,
         "seconds": {label: r["seconds"] for label, r in results.items()},
         "rows": json.loads(df.to_json(orient="records")),
+        "model_versus_best": versus,
     }
     (out / "headroom.json").write_text(json.dumps(record, indent=1))
-    print(markdown(df))
+    print(text)
     print(f"written to {out}/headroom.{{md,csv,json}}")
     return 0
 

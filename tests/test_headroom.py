@@ -16,6 +16,7 @@ from agents.routers import make_rule
 from evaluation.headroom import (
     BOUND,
     Case,
+    against_best,
     case_file,
     cases,
     fieller,
@@ -25,6 +26,7 @@ from evaluation.headroom import (
     markdown,
     state_bytes,
     table_rows,
+    versus_markdown,
 )
 from evaluation.statistics import BASELINE
 
@@ -82,6 +84,26 @@ def test_table_rows_signs_and_shares():
     text = markdown(pd.DataFrame(list(rows.values())))
     assert text.index("| lookahead |") < text.index("| half |") < text.index("| round-robin |")
     assert "| worse | balancing | -4.35% ± 0.00 |" in text
+
+
+def test_the_model_is_compared_with_the_best_other_deployable_router_and_the_best_rule():
+    """The bound and the model itself are never 'the best other'; a non-rule (marginal-cost) can be
+    the best deployable but not the best rule; the sign is positive where the model is cheaper."""
+    rr = np.array([10.0, 12.0, 11.0, 13.0])
+    objective = {
+        BASELINE: rr,
+        BOUND: rr - 5.0,
+        "least-tokens": rr - 1.0,
+        "marginal-cost": rr - 2.0,
+        "mine": rr - np.array([2.2, 2.4, 2.2, 2.4]),
+    }
+    row = against_best("steady", objective, "mine")
+    assert row["best"] == "marginal-cost" and row["best_rule"] == "least-tokens"
+    assert row["best_gain_pct"] == pytest.approx(100 * 0.3 / (rr - 2.0).mean())
+    assert row["best_rule_gain_pct"] == pytest.approx(100 * 1.3 / (rr - 1.0).mean())
+    assert 0 < row["best_gain_ci_pct"] < row["best_gain_pct"]  # resolved: the seeds agree
+    text = versus_markdown("mine", [row])
+    assert "| steady | marginal-cost | +3.16% ± " in text and "| least-tokens | +12.38% ± " in text
 
 
 def test_groups_keep_every_router_once_within_the_state_budget():
@@ -193,5 +215,8 @@ def test_resume_with_a_model_runs_only_the_model_on_a_kept_case(tmp_path, capsys
     assert len(record["objective"][learned]) == 2 and record["settings"]["model"] == str(model)
     assert set(record["seconds"]) == {"rules", "model"}
     assert "kept from" in capsys.readouterr().out
+    (versus,) = json.loads((tmp_path / "headroom.json").read_text())["model_versus_best"]
+    assert versus["case"] == "steady" and versus["best"] in {BASELINE, "marginal-cost"}
+    assert f"### {learned} against the best other router" in (tmp_path / "headroom.md").read_text()
     assert main([*argv, "--model", str(model), "--algo", "jax-ppo"]) == 0  # now kept whole
     assert json.loads(case_file(tmp_path / "cases", steady).read_text()) == record

@@ -323,7 +323,7 @@ def test_jax_ppo_trains_through_train_py_and_evaluate_judges_it(tmp_path, monkey
         (["--scenario", "nowhere"], "unknown scenario 'nowhere'"),
         (["--algo", "sarsa"], "unknown algorithm 'sarsa'"),
         (["--bc-teacher", "oracle"], "unknown router 'oracle'"),
-        (["--bc-teacher", "lookahead"], "only --algo jax-ppo imitates it"),
+        (["--bc-teacher", "lookahead"], "only --algo jax-ppo can imitate it"),
         (["--resume", "missing.zip"], "checkpoint 'missing.zip' does not exist"),
         (["--set", "n_nodes=0"], "'n_nodes' must be a positive integer"),
         (["--set", "max_num_seqs=4294967301"], "'max_num_seqs' must be a positive integer <= 2,147,483,647"),
