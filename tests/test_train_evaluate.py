@@ -4,6 +4,7 @@ refusals of bad input (in-process: no JAX compile is reached)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -29,6 +30,14 @@ SAME_RUN = pytest.mark.xdist_group("trained-run")
 
 @pytest.fixture(scope="session")
 def trained(tmp_path_factory) -> Path:
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # Under pytest-xdist every worker's base folder sits in the run's own folder: a second
+        # worker that gets here means the xdist_group did not keep the tests together.
+        claim = tmp_path_factory.getbasetemp().parent / "trained-run.claimed"
+        try:
+            claim.touch(exist_ok=False)
+        except FileExistsError:
+            pytest.fail("a second worker trains the shared run: --dist loadgroup did not group SAME_RUN")
     out = tmp_path_factory.mktemp("runs")
     proc = run(
         "train.py",
