@@ -1,7 +1,8 @@
 """Evaluate routers: trained checkpoints and every router, on scenarios or trace files, over
 seeded episodes shared by all routers (common random numbers).
 
-    python evaluate.py              # the default train.py model vs every router on every named scenario
+    python evaluate.py              # the default train.py model vs the leading routers on every named scenario
+    python evaluate.py --routers all --max-seeds 20   # every router, more seeds where CIs stay wide
     python evaluate.py --scenarios prefix conversation --routers round-robin least-tokens sglang-cache-aware
     python evaluate.py --trace path/to/mooncake_trace.jsonl --load 0.7
     python evaluate.py --trace path/to/AzureLLMInferenceTrace_code.csv --load 0.7
@@ -52,6 +53,20 @@ DEFAULT_MODEL = Path("runs/prefix-ppo-seed0/best_model.zip")
 FINAL_MODEL = DEFAULT_MODEL.with_name("model.zip")  # used when training kept no best model (--eval-every 0)
 CACHE_VIEWS = ("router", "engine", "both")
 ALL_ROUTERS = (*ROUTERS, *SCENARIO_ROUTERS)  # the rules, then marginal-cost
+# The default comparison, chosen to keep `python train.py && python evaluate.py` near ten minutes
+# on 2 cores (every router takes about an hour): the baseline, the best balancing rule, the claim's
+# batching skew, the production affinity rules that lead on the headroom table
+# (docs/headroom.md) and the model-based router.
+DEFAULT_ROUTERS = (
+    "round-robin",
+    "least-tokens",
+    "weighted-skew",
+    "sglang-cache-aware",
+    "llm-d",
+    "dynamo-kv",
+    "lmetric",
+    "marginal-cost",
+)
 console = Console()
 
 
@@ -67,7 +82,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--trace", action="append", default=[], help="trace file to replay (repeatable)")
     p.add_argument("--load", type=float, default=None, help="override every scenario's load")
     p.add_argument(
-        "--routers", nargs="+", default=list(ALL_ROUTERS), help=f"routers: {', '.join(ALL_ROUTERS)}"
+        "--routers",
+        nargs="+",
+        default=list(DEFAULT_ROUTERS),
+        help=f"routers, or 'all' for every one (default: {' '.join(DEFAULT_ROUTERS)}); "
+        f"any of {', '.join(ALL_ROUTERS)}",
     )
     p.add_argument(
         "--cache-view",
@@ -91,9 +110,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--max-seeds",
         type=int,
-        default=20,
+        default=10,
         help="more seeds (batches of --seeds) until every paired CI against round-robin is at most "
-        "--ci-width, up to this many; the table says 'unresolved' where it is not",
+        "--ci-width, up to this many; the table says 'unresolved' where it is not (default 10: "
+        "--seeds only)",
     )
     p.add_argument(
         "--ci-width", type=float, default=1.0, help="target paired 95%% CI half-width, %% of the objective"
@@ -127,6 +147,16 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+def router_names(requested: list[str]) -> list[str]:
+    """The routers to run: round-robin first, then `requested` (`all`: every router) once each;
+    an unknown name is refused."""
+    names = list(ALL_ROUTERS) if requested == ["all"] else requested
+    for name in names:
+        if name not in ALL_ROUTERS:
+            raise ValueError(f"unknown router {name!r}; valid routers: all, {', '.join(ALL_ROUTERS)}")
+    return list(dict.fromkeys([BASELINE, *names]))
+
+
 def evaluate(args: argparse.Namespace) -> int:
     """Evaluate as `args` say; returns the exit status."""
     torch.set_num_threads(1)
@@ -136,10 +166,7 @@ def evaluate(args: argparse.Namespace) -> int:
         raise ValueError("--max-seeds must be at least --seeds, --regime-max-seeds at least --regime-seeds")
     if not args.ci_width > 0:
         raise ValueError(f"--ci-width must be positive, got {args.ci_width}")
-    for name in args.routers:
-        if name not in ALL_ROUTERS:
-            raise ValueError(f"unknown router {name!r}; valid routers: {', '.join(ALL_ROUTERS)}")
-    names = list(dict.fromkeys([BASELINE, *args.routers]))
+    names = router_names(args.routers)
     routers = router_specs(names, args.cache_view)
     results = ResultsFolder(args.out)  # refused now, not after the work
     try:

@@ -370,6 +370,7 @@ def test_train_refuses_bad_input(argv, message, tmp_path, capsys):
     [
         (["--scenarios", "nowhere"], "unknown scenario 'nowhere'"),
         (["--routers", "psychic"], "unknown router 'psychic'"),
+        (["--routers", "all", "psychic"], "unknown router 'all'"),
         (["--model", "missing.zip"], "checkpoint 'missing.zip' does not exist"),
         (["--algo", "sarsa"], "unknown algorithm 'sarsa'"),
         (["--trace", "BAD"], "line 2"),
@@ -386,6 +387,14 @@ def test_evaluate_refuses_bad_input(argv, message, tmp_path, capsys):
     assert code != 0
     assert message in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_evaluate_runs_the_default_routers_or_all_of_them():
+    evaluate = load_script("evaluate")
+    assert evaluate.router_names(list(evaluate.DEFAULT_ROUTERS)) == list(evaluate.DEFAULT_ROUTERS)
+    assert evaluate.router_names(["all"]) == list(evaluate.ALL_ROUTERS)  # round-robin is the first rule
+    assert evaluate.router_names(["marginal-cost", "round-robin"]) == ["round-robin", "marginal-cost"]
+    assert set(evaluate.DEFAULT_ROUTERS) < set(evaluate.ALL_ROUTERS)
 
 
 @pytest.mark.parametrize(
