@@ -1,7 +1,7 @@
 """Evaluate routers: trained checkpoints and every router, on scenarios or trace files, over
 seeded episodes shared by all routers (common random numbers).
 
-    python evaluate.py              # the default train.py model vs the leading routers on every named scenario
+    python evaluate.py              # the default model vs the leading routers on every named scenario
     python evaluate.py --routers all --max-seeds 20   # every router, more seeds where CIs stay wide
     python evaluate.py --scenarios prefix conversation --routers round-robin least-tokens sglang-cache-aware
     python evaluate.py --trace path/to/mooncake_trace.jsonl --load 0.7
