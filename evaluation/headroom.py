@@ -134,6 +134,13 @@ def groups(
     return out
 
 
+def gain(cost: np.ndarray, base: np.ndarray) -> tuple[float, float]:
+    """How much cheaper `cost` is than `base` over the same seeds, in % of `base`'s mean, and the
+    half-width of its paired 95% CI in the same unit (positive: `cost` is better)."""
+    _, half, pct = paired(cost, base)
+    return 0.0 - pct, 100.0 * half / float(np.mean(base))
+
+
 def table_rows(label: str, objective: dict[str, np.ndarray], family: dict[str, str]) -> list[dict[str, Any]]:
     """Per router of one case: objective, gain over round-robin (paired, % with its 95% CI) and share
     of the lookahead's gain (Fieller 95% interval)."""
@@ -141,7 +148,7 @@ def table_rows(label: str, objective: dict[str, np.ndarray], family: dict[str, s
     bound_gain = base - objective[BOUND]
     rows = []
     for name, cost in objective.items():
-        _, half, pct = paired(cost, base)
+        gain_pct, gain_ci_pct = gain(cost, base)
         share, lo, hi = fieller(base - cost, bound_gain)
         rows.append(
             {
@@ -149,8 +156,8 @@ def table_rows(label: str, objective: dict[str, np.ndarray], family: dict[str, s
                 "router": name,
                 "family": family[name],
                 "objective": float(np.mean(cost)),
-                "gain_pct": 0.0 - pct,
-                "gain_ci_pct": 100.0 * half / float(np.mean(base)),
+                "gain_pct": gain_pct,
+                "gain_ci_pct": gain_ci_pct,
                 "share_pct": 100.0 * share,
                 "share_lo_pct": 100.0 * lo,
                 "share_hi_pct": 100.0 * hi,
@@ -224,12 +231,8 @@ def against_best(label: str, objective: dict[str, np.ndarray], model: str) -> di
     rules = {k: v for k, v in deployable.items() if k in ROUTERS}
     for key, pool in (("best", deployable), ("best_rule", rules)):
         best = min(pool, key=lambda k: float(np.mean(pool[k])))
-        _, half, pct = paired(objective[model], pool[best])
-        row |= {
-            key: best,
-            f"{key}_gain_pct": 0.0 - pct,
-            f"{key}_gain_ci_pct": 100.0 * half / float(np.mean(pool[best])),
-        }
+        row[key] = best
+        row[f"{key}_gain_pct"], row[f"{key}_gain_ci_pct"] = gain(objective[model], pool[best])
     return row
 
 
