@@ -3,6 +3,7 @@ the same network (`agents.model`), warm start, held-out evaluation and run direc
 
     python train.py                                   # PPO on "prefix" (shared prefixes, prefix caching)
     python train.py --scenario bursty-dynamic --algo ppo --timesteps 2000000 --n-envs 512 --seed 1
+    python train.py --scenario mixture                # one router across 8 drawn clusters and workloads
     python train.py --resume runs/prefix-ppo-seed0/checkpoints/rl_model_32768_steps.zip --timesteps 100000
     tensorboard --logdir runs
 
@@ -42,6 +43,7 @@ from typing import Any
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from stable_baselines3.common.callbacks import BaseCallback, CallbackList  # noqa: E402
 from stable_baselines3.common.logger import TensorBoardOutputFormat  # noqa: E402
@@ -66,7 +68,7 @@ from agents.learners import (  # noqa: E402
 )
 from agents.policies import NODE_SCORING  # noqa: E402
 from agents.rollout import Rollout  # noqa: E402
-from agents.routers import BatchedRouter, make_router  # noqa: E402
+from agents.routers import BatchedRouter, GroupedRouter, make_router  # noqa: E402
 from agents.runs import (  # noqa: E402
     Checkpoints,
     Run,
@@ -77,10 +79,10 @@ from agents.runs import (  # noqa: E402
     resume_config,
     resumed_dir,
 )
-from agents.sb3_vec_env import JaxVecEnv  # noqa: E402
+from agents.sb3_vec_env import JaxVecEnv, MixtureVecEnv  # noqa: E402
 from agents.warm_start import BC_BATCH, BC_EPOCHS, TEACHERS  # noqa: E402
 from agents.warm_start import teacher as make_teacher  # noqa: E402
-from burstgym import scenarios  # noqa: E402
+from burstgym import mixture, scenarios  # noqa: E402
 
 SERVING_TAGS = (
     "ttft_mean",
@@ -100,6 +102,7 @@ SERVING_TAGS = (
 )
 EVAL_SEED_BASE = 5_000  # held-out evaluation seeds; evaluate.py uses another range
 MODES = ("deterministic", "stochastic")
+HELD_OUT_GROUPS = 4  # a mixture run's held-out evaluation: groups drawn apart from its training groups
 # TensorBoard custom-scalars layout (Custom Scalars tab): serving metrics beside learning curves.
 LAYOUT = {
     "serving beside learning": {
@@ -180,9 +183,19 @@ class SB3Learner:
 
     def __init__(self, run: Run, args: argparse.Namespace, old: dict[str, Any]):
         cfg = run.config
-        env = JaxVecEnv(
-            cfg["n_envs"], cfg["scenario"], seed=cfg["seed"], stagger=cfg["stagger"], **cfg["settings"]
-        )
+        if cfg.get("mixture"):
+            env = MixtureVecEnv(
+                cfg["n_envs"],
+                cfg["mixture"]["groups"],
+                cfg["scenario"],
+                seed=cfg["seed"],
+                stagger=cfg["stagger"],
+                **cfg["settings"],
+            )
+        else:
+            env = JaxVecEnv(
+                cfg["n_envs"], cfg["scenario"], seed=cfg["seed"], stagger=cfg["stagger"], **cfg["settings"]
+            )
         if args.resume:
             stats = vecnormalize_path(args.resume)
             if stats is None and old.get("normalize"):
@@ -221,10 +234,15 @@ class SB3Learner:
         return int(self.model.num_timesteps)
 
     def warm_start(self, teacher: str, steps: int) -> dict[str, float]:
-        """Behaviour cloning of the router `teacher` (`agents.learners.behaviour_clone`)."""
-        venv = self.env.unwrapped.venv  # JaxVecEnv's BurstBalanceVectorEnv
-        rule = make_teacher(teacher, venv.cfg, venv.params)  # main() refuses the lookahead here
-        return behaviour_clone(self.model, self.env, BatchedRouter(rule, venv.cfg.n_nodes), steps)
+        """Behaviour cloning of the router `teacher` (`agents.learners.behaviour_clone`), built
+        for each group's parameters in a mixture."""
+        env = self.env.unwrapped
+        subs = env.subs if isinstance(env, MixtureVecEnv) else [env]
+        routers = [  # main() refuses the lookahead here
+            BatchedRouter(make_teacher(teacher, e.venv.cfg, e.venv.params), e.n_nodes) for e in subs
+        ]
+        rule = routers[0] if len(routers) == 1 else GroupedRouter(routers, [e.num_envs for e in subs])
+        return behaviour_clone(self.model, self.env, rule, steps)
 
     def learn(
         self, after_step: Callable[[], None], stop: StopOnSignal, records: dict[str, float], progress: bool
@@ -366,11 +384,22 @@ class HeldOut:
     `best` (model selection on held-out seeds, as rl-zoo3's best_model)."""
 
     def __init__(
-        self, scenario: str, settings: dict[str, Any], n_seeds: int, every: int, start: int, best: Path
+        self,
+        scenario: str,
+        settings: dict[str, Any],
+        n_seeds: int,
+        every: int,
+        start: int,
+        best: Path,
+        groups: list[dict[str, Any]] | None = None,
     ):
-        self.rollout = Rollout(scenario, **settings)
-        self.baseline = make_router("round-robin", self.rollout.cfg.n_nodes)
-        self.seeds = list(range(EVAL_SEED_BASE, EVAL_SEED_BASE + n_seeds))
+        # A mixture run is evaluated on its held-out groups, the seeds dealt out among them.
+        groups = groups or [{}]
+        seeds = list(range(EVAL_SEED_BASE, EVAL_SEED_BASE + max(n_seeds, len(groups))))
+        self.rollouts = [
+            (Rollout(scenario, **{**settings, **g}), seeds[i :: len(groups)]) for i, g in enumerate(groups)
+        ]
+        self.baseline = make_router("round-robin", self.rollouts[0][0].cfg.n_nodes)
         self.every, self.next_at, self.best, self.best_cost = every, start + every, best, float("inf")
         self.last: tuple[int, dict[str, float]] | None = None  # (steps, records) of the latest
 
@@ -397,18 +426,25 @@ class HeldOut:
 
     def run(self, learned: dict[str, Any]) -> dict[str, float]:
         """`learned`: a router per mode of MODES; returns the `eval/...` records."""
-        res = self.rollout.run([*learned.values(), self.baseline], self.seeds)
-        rr = res["round-robin"]
+        routers = [*learned.values(), self.baseline]
+        runs = [rollout.run(routers, seeds) for rollout, seeds in self.rollouts]
+
+        def episodes(name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+            cost = np.concatenate([r[name].cost for r in runs])
+            p99 = np.concatenate([r[name].metrics["e2e_p99"] for r in runs])
+            return cost, p99, np.concatenate([r[name].metrics["skew_index"] for r in runs])
+
+        rr_cost, rr_p99, _ = episodes("round-robin")
         out = {
-            "eval/objective_round_robin": float(rr.cost.mean()),
-            "eval/e2e_p99_round_robin": float(rr.metrics["e2e_p99"].mean()),
+            "eval/objective_round_robin": float(rr_cost.mean()),
+            "eval/e2e_p99_round_robin": float(rr_p99.mean()),
         }
         for mode, router in learned.items():
-            ep = res[router.name]
-            out[f"eval/objective_learned_{mode}"] = float(ep.cost.mean())
-            out[f"eval/change_vs_round_robin_pct_{mode}"] = float(100 * (ep.cost.mean() / rr.cost.mean() - 1))
-            out[f"eval/e2e_p99_learned_{mode}"] = float(ep.metrics["e2e_p99"].mean())
-            out[f"eval/skew_index_learned_{mode}"] = float(ep.metrics["skew_index"].mean())
+            cost, p99, skew = episodes(router.name)
+            out[f"eval/objective_learned_{mode}"] = float(cost.mean())
+            out[f"eval/change_vs_round_robin_pct_{mode}"] = float(100 * (cost.mean() / rr_cost.mean() - 1))
+            out[f"eval/e2e_p99_learned_{mode}"] = float(p99.mean())
+            out[f"eval/skew_index_learned_{mode}"] = float(skew.mean())
         return out
 
 
@@ -427,7 +463,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--scenario",
         default=None,
-        help=f"default: the hyperparameter file's (prefix); one of: {', '.join(scenarios.SCENARIOS)}",
+        help=f"default: the hyperparameter file's (prefix); one of: {', '.join(scenarios.SCENARIOS)}; "
+        f"or {mixture.NAME}: groups of clusters drawn from burstgym.mixture's distribution",
+    )
+    p.add_argument(
+        "--mixture-groups",
+        type=int,
+        default=8,
+        help=f"--scenario {mixture.NAME}: configurations drawn (each an equal share of the clusters)",
     )
     p.add_argument("--algo", default=None, help=f"default ppo; one of: {', '.join((*ALGOS, *JAX_ALGOS))}")
     p.add_argument("--conf-file", default=None, help="hyperparameter file (default: agents/hyperparams*.yml)")
@@ -528,10 +571,26 @@ def plan(args: argparse.Namespace) -> tuple[Run, dict[str, Any]]:
         raise ValueError(
             "--bc-teacher needs an actor-critic algorithm (ppo, a2c, maskable-ppo); use --bc-teacher none"
         )
+    mixed = (old.get("mixture") is not None) if args.resume else args.scenario == mixture.NAME
+    if mixed and algo in JAX_ALGOS:
+        raise ValueError(
+            f"--scenario {mixture.NAME} trains with {', '.join(ALGOS)}"
+            "; the JAX learner steps one configuration"
+        )
+    if mixed and (args.load is not None or args.trace is not None):
+        raise ValueError(
+            f"--scenario {mixture.NAME} draws each group's load and workload: drop --load and --trace"
+        )
+    if args.resume and old.get("mixture") and args.scenario not in (None, mixture.NAME):
+        raise ValueError(
+            f"checkpoint {args.resume!r} was trained on a mixture; it continues on its own groups"
+        )
+    if args.mixture_groups < 1:
+        raise ValueError(f"--mixture-groups must be at least 1, got {args.mixture_groups}")
     if args.resume:
         conf = Path(old.get("conf_file") or conf_file(algo))
         entry = old["hyperparams"]
-        scenario = args.scenario or old["scenario"]
+        scenario = old["scenario"] if mixed else args.scenario or old["scenario"]
         if scenario == old["scenario"]:
             settings = dict(old["settings"])
         else:
@@ -543,6 +602,8 @@ def plan(args: argparse.Namespace) -> tuple[Run, dict[str, Any]]:
         scenario = args.scenario or env_defaults.pop("scenario", "prefix")
         entry = load(algo, scenario, conf)
         settings = {k: v for k, v in (entry.get("env_kwargs") or {}).items() if k != "scenario"}
+        if mixed:
+            scenario = mixture.BASE
     policy = entry.get("policy", "MlpPolicy")
     if args.bc_teacher != "none" and not args.resume and algo in ALGOS and policy not in NODE_SCORING:
         raise ValueError(
@@ -561,13 +622,26 @@ def plan(args: argparse.Namespace) -> tuple[Run, dict[str, Any]]:
     if timesteps < 1 or n_envs < 1:
         raise ValueError("--timesteps and --n-envs must be positive")
     seed = args.seed if args.seed is not None else int(old.get("seed", 0))
-    scenarios.make(scenario, **settings)  # refuse bad settings before anything is written
+    drawn = sorted(set(settings) & set(mixture.DRAWN)) if mixed else []
+    if drawn:
+        raise ValueError(f"--scenario {mixture.NAME} draws setting {drawn[0]!r} per group; do not set it")
+    mix = old.get("mixture") if args.resume else None
+    if mixed and not args.resume:
+        n_nodes = scenarios.settings_for(scenario, **settings)[1].n_nodes
+        mix = {
+            "groups": mixture.draw(seed, args.mixture_groups, n_nodes),
+            "held_out": mixture.draw(EVAL_SEED_BASE, HELD_OUT_GROUPS, n_nodes),
+        }
+    if mix is not None and n_envs < len(mix["groups"]):
+        raise ValueError(f"n_envs ({n_envs}) must be at least the mixture's groups ({len(mix['groups'])})")
+    for group in [{}] if mix is None else mix["groups"] + mix["held_out"]:
+        scenarios.make(scenario, **{**settings, **group})  # refuse bad settings before anything is written
     bc_teacher = None if args.resume or args.bc_teacher == "none" else args.bc_teacher
     out = Path(args.out)
     if old_run is not None:
         run_dir, hint = resumed_dir(out, old_run, args.run_name), "give another --run-name"
     else:
-        run_dir = out / (args.run_name or f"{scenario}-{algo}-seed{seed}")
+        run_dir = out / (args.run_name or f"{mixture.NAME if mixed else scenario}-{algo}-seed{seed}")
         model = run_dir / ("model.msgpack" if algo in JAX_ALGOS else "model.zip")
         resume = f"--resume {model}" if model.is_file() else "--resume one of its checkpoints"
         hint = f"give another --run-name or --seed, continue it with {resume}, or delete it"
@@ -583,6 +657,7 @@ def plan(args: argparse.Namespace) -> tuple[Run, dict[str, Any]]:
         "algo": algo,
         "scenario": scenario,
         "settings": settings,
+        "mixture": mix,
         "seed": seed,
         "n_envs": n_envs,
         "stagger": (old.get("stagger", True) if args.resume else True) and not args.no_stagger,
@@ -643,7 +718,10 @@ def train(args: argparse.Namespace, stop: StopOnSignal) -> int:
     held_out = None
     if args.eval_every > 0:
         best = run.dir / f"best_model.{learner.suffix}"
-        held_out = HeldOut(cfg["scenario"], cfg["settings"], args.eval_seeds, args.eval_every, start, best)
+        groups = (cfg.get("mixture") or {}).get("held_out")
+        held_out = HeldOut(
+            cfg["scenario"], cfg["settings"], args.eval_seeds, args.eval_every, start, best, groups
+        )
 
     def after_step() -> None:
         steps = learner.num_timesteps

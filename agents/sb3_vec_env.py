@@ -161,3 +161,123 @@ class JaxVecEnv(VecEnv):
 
     def get_images(self) -> Iterable[np.ndarray]:
         return []
+
+
+class MixtureVecEnv(VecEnv):
+    """Clusters of several configurations (`burstgym.mixture` groups) as one SB3 VecEnv: group g's
+    clusters are a `JaxVecEnv` of `scenario` with `settings` and then `groups[g]` applied, and take
+    consecutive places of the batch (`num_envs` shared as evenly as it divides). Every group has
+    the same node count, so the observation and action spaces agree.
+
+    :param groups: settings overrides, one mapping per group.
+    :param seed: the first reset's seed; each group's is spawned from it (`numpy.random.SeedSequence`).
+    """
+
+    render_mode = None
+
+    def __init__(
+        self,
+        num_envs: int,
+        groups: Sequence[dict[str, Any]],
+        scenario: str = "bursty",
+        seed: int | None = None,
+        stagger: bool = False,
+        **settings: Any,
+    ):
+        if not groups:
+            raise ValueError("a mixture needs at least one group of settings")
+        if num_envs < len(groups):
+            raise ValueError(f"n_envs ({num_envs}) must be at least the mixture's groups ({len(groups)})")
+        self.sizes = [num_envs // len(groups) + (g < num_envs % len(groups)) for g in range(len(groups))]
+        seeds = self._spawn(seed, len(groups))
+        self.subs = [
+            JaxVecEnv(n, scenario, seed=s, stagger=stagger, **{**settings, **g})
+            for n, s, g in zip(self.sizes, seeds, groups, strict=True)
+        ]
+        spaces = {(e.observation_space.shape, e.action_space.n) for e in self.subs}
+        if len(spaces) > 1:
+            raise ValueError(f"the mixture's groups have different observation or action spaces: {spaces}")
+        super().__init__(num_envs, self.subs[0].observation_space, self.subs[0].action_space)
+        self.scenario, self.settings, self.groups, self.stagger = scenario, settings, list(groups), stagger
+        ends = np.cumsum([0, *self.sizes])
+        self._slices = [slice(int(a), int(b)) for a, b in zip(ends[:-1], ends[1:], strict=True)]
+
+    @staticmethod
+    def _spawn(seed: int | None, k: int) -> list[int | None]:
+        if seed is None:
+            return [None] * k
+        return [int(s.generate_state(1)[0]) for s in np.random.SeedSequence(seed).spawn(k)]
+
+    @property
+    def n_nodes(self) -> int:
+        """Nodes in each cluster."""
+        return self.subs[0].n_nodes
+
+    def reset(self) -> np.ndarray:
+        obs = np.concatenate([e.reset() for e in self.subs])
+        self.reset_infos = [info for e in self.subs for info in e.reset_infos]
+        return obs
+
+    def step_async(self, actions: np.ndarray) -> None:
+        actions = np.asarray(actions).reshape(self.num_envs)
+        for e, sl in zip(self.subs, self._slices, strict=True):
+            e.step_async(actions[sl])
+
+    def step_wait(self) -> VecEnvStepReturn:
+        parts = [e.step_wait() for e in self.subs]
+        obs, reward, done, infos = (list(x) for x in zip(*parts, strict=True))
+        return (
+            np.concatenate(obs),
+            np.concatenate(reward),
+            np.concatenate(done),
+            [info for group in infos for info in group],
+        )
+
+    def action_masks(self) -> np.ndarray:
+        """[num_envs, n_nodes] bool: nodes that would accept each cluster's next request."""
+        return np.concatenate([e.action_masks() for e in self.subs])
+
+    def router_views(self) -> list:
+        """What each group's routers see of their next requests: one batched `RouterView` per group
+        (`agents.routers.GroupedRouter` reads them), since their shapes differ (a group without
+        shared prefixes has no chunk ids)."""
+        return [e.router_views() for e in self.subs]
+
+    def close(self) -> None:
+        for e in self.subs:
+            e.close()
+
+    def _indices(self, indices: VecEnvIndices) -> Sequence[int]:
+        if indices is None:
+            return range(self.num_envs)
+        if isinstance(indices, int):
+            return [indices]
+        return list(indices)
+
+    def get_attr(self, attr_name: str, indices: VecEnvIndices = None) -> list[Any]:
+        own = ("render_mode", "scenario", "settings", "groups", "n_nodes", "stagger")
+        if attr_name not in own:
+            raise AttributeError(f"MixtureVecEnv has no attribute {attr_name!r} shared by its groups")
+        return [getattr(self, attr_name) for _ in self._indices(indices)]
+
+    def set_attr(self, attr_name: str, value: Any, indices: VecEnvIndices = None) -> None:
+        for e in self.subs:
+            e.set_attr(attr_name, value)
+
+    def env_method(self, method_name: str, *method_args, indices: VecEnvIndices = None, **kwargs) -> list:
+        if method_name == "action_masks":
+            masks = self.action_masks()
+            return [masks[i].copy() for i in self._indices(indices)]
+        raise AttributeError(f"MixtureVecEnv has no per-environment method {method_name!r}")
+
+    def env_is_wrapped(self, wrapper_class: type[gym.Wrapper], indices: VecEnvIndices = None) -> list[bool]:
+        return [False for _ in self._indices(indices)]
+
+    def seed(self, seed: int | None = None) -> Sequence[None | int]:
+        """Seed the next reset of every group (each group's seed spawned from `seed`)."""
+        for e, s in zip(self.subs, self._spawn(seed, len(self.subs)), strict=True):
+            e.seed(s)
+        return [None if seed is None else seed + i for i in range(self.num_envs)]
+
+    def get_images(self) -> Iterable[np.ndarray]:
+        return []

@@ -326,6 +326,44 @@ def test_jax_ppo_trains_through_train_py_and_evaluate_judges_it(tmp_path, monkey
     assert seen["learned"].name == "learned-jax-ppo" and seen["learned"].stats is not None
 
 
+def test_train_mixture_trains_one_model_across_drawn_groups(tmp_path):
+    """--scenario mixture: the run records its drawn groups and held-out groups, warm-starts from
+    the teacher built for each group, trains on all of them and evaluates on the held-out ones."""
+    out = tmp_path / "runs"
+    proc = run(
+        "train.py",
+        *TINY,
+        "--scenario",
+        "mixture",
+        "--mixture-groups",
+        "2",
+        "--n-envs",
+        "4",
+        "--timesteps",
+        "128",
+        "--eval-every",
+        "128",
+        "--eval-seeds",
+        "4",
+        "--bc-steps",
+        "32",
+        "--out",
+        str(out),
+        "--no-progress",
+    )
+    assert proc.returncode == 0, proc.stderr
+    run_dir = out / "mixture-ppo-seed0"
+    config = json.loads((run_dir / "config.json").read_text())
+    assert config["scenario"] == "bursty" and len(config["mixture"]["groups"]) == 2
+    assert (
+        len(config["mixture"]["held_out"]) == 4
+        and config["mixture"]["held_out"] != config["mixture"]["groups"]
+    )
+    assert config["bc"]["samples"] == 32 and config["timesteps"] == 128
+    assert config["final_eval"]["eval/objective_round_robin"] > 0
+    assert (run_dir / "model.zip").stat().st_size > 1000 and (run_dir / "best_model.zip").is_file()
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [
@@ -347,6 +385,11 @@ def test_jax_ppo_trains_through_train_py_and_evaluate_judges_it(tmp_path, monkey
         (["--conf-file", "BROKEN.yml"], "BROKEN.yml: not valid YAML (line 2, column 1"),
         (["--conf-file", "LIST.yml"], "LIST.yml: expected a mapping of environment ids, got list"),
         (["--conf-file", "MLP.yml"], "--bc-teacher fits the node-scoring network"),
+        (["--scenario", "mixture", "--algo", "jax-ppo"], "the JAX learner steps one configuration"),
+        (["--scenario", "mixture", "--load", "0.5"], "draws each group's load and workload"),
+        (["--scenario", "mixture", "--set", "prefix_share=0.5"], "draws setting 'prefix_share' per group"),
+        (["--scenario", "mixture", "--mixture-groups", "0"], "--mixture-groups must be at least 1"),
+        (["--scenario", "mixture", "--n-envs", "4"], "n_envs (4) must be at least the mixture's groups (8)"),
     ],
 )
 def test_train_refuses_bad_input(argv, message, tmp_path, capsys):

@@ -17,7 +17,7 @@ import importlib
 import pkgutil
 from typing import Any
 
-from agents.routers.base import BatchedRouter, Rule
+from agents.routers.base import BatchedRouter, GroupedRouter, Rule
 from burstgym.routing import FAMILIES, family_of
 from burstgym.types import EnvConfig, EnvParams
 
@@ -85,6 +85,7 @@ __all__ = [
     "ROUTERS",
     "SCENARIO_ROUTERS",
     "BatchedRouter",
+    "GroupedRouter",
     "Rule",
     "make_router",
     "make_rule",

@@ -147,6 +147,42 @@ class BatchedRouter:
         return np.asarray(actions).astype(np.int64)
 
 
+class GroupedRouter:
+    """Batched routers of consecutive groups of one batch as one batched router (`BatchedRouter`'s
+    face): the teacher of a mixture's vector env (`agents.sb3_vec_env.MixtureVecEnv`), whose
+    groups each need the rule built for their own parameters.
+
+    :param routers: one `BatchedRouter` per group, in the batch's order.
+    :param sizes: clusters of each group.
+    """
+
+    def __init__(self, routers: list[BatchedRouter], sizes: list[int]):
+        if len(routers) != len(sizes):
+            raise ValueError(f"{len(routers)} routers for {len(sizes)} groups")
+        self.routers, self.sizes = routers, list(sizes)
+        self.name, self.family, self.seed = routers[0].name, routers[0].family, routers[0].seed
+        ends = np.cumsum([0, *self.sizes])
+        self._slices = [slice(int(a), int(b)) for a, b in zip(ends[:-1], ends[1:], strict=True)]
+
+    def reset(self, n_envs: int, streams: Any = None) -> None:
+        """Start a fresh batch of `n_envs` (the groups' total) episodes, drawing from `streams`."""
+        if n_envs != sum(self.sizes):
+            raise ValueError(f"a batch of {n_envs} environments for groups of {sum(self.sizes)}")
+        streams = np.arange(n_envs) if streams is None else np.asarray(streams)
+        for r, sl in zip(self.routers, self._slices, strict=True):
+            r.reset(sl.stop - sl.start, streams[sl])
+
+    def __call__(self, obs: Any, mask: np.ndarray | None, views: list[RouterView]) -> np.ndarray:
+        """`views`: one batched view per group (`MixtureVecEnv.router_views`); `obs`, `mask`: the
+        whole batch's. Returns [B] int64 actions."""
+        if len(views) != len(self.routers):
+            raise ValueError(f"{len(views)} groups of views for {len(self.routers)} routers")
+        out = []
+        for r, sl, view in zip(self.routers, self._slices, views, strict=True):
+            out.append(r(None if obs is None else obs[sl], None if mask is None else mask[sl], view))
+        return np.concatenate(out)
+
+
 CACHE_VIEWS = ("router", "engine")
 
 
