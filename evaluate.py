@@ -7,6 +7,7 @@ seeded episodes shared by all routers (common random numbers).
     python evaluate.py --trace path/to/mooncake_trace.jsonl --load 0.7
     python evaluate.py --trace path/to/AzureLLMInferenceTrace_code.csv --load 0.7
     python evaluate.py --model runs/bursty-dynamic-ppo-seed1/model.zip --regime-grid large
+    python evaluate.py --mixture-draws 8     # 8 clusters and workloads drawn from burstgym.mixture
     python evaluate.py --no-model --scenarios prefix --cache-view both   # own index and engine cache
 
 The objective is minus the episode's summed rewards times `reward_scale` (for the default latency
@@ -40,7 +41,7 @@ from agents.cli import parse_settings  # noqa: E402
 from agents.learners import DEVICES, check_algo, check_device, load_router  # noqa: E402
 from agents.routers import ROUTERS, SCENARIO_ROUTERS  # noqa: E402
 from agents.runs import find_config  # noqa: E402
-from burstgym import scenarios  # noqa: E402
+from burstgym import mixture, scenarios  # noqa: E402
 from burstgym.observation import obs_size  # noqa: E402
 from evaluation.experiments import GRIDS, regime_map, run_tasks, scenario_task  # noqa: E402
 from evaluation.plots import plot_cdf, plot_regime, plot_share  # noqa: E402
@@ -52,6 +53,7 @@ from evaluation.statistics import BASELINE, scenario_rows, summary  # noqa: E402
 DEFAULT_MODEL = Path("runs/prefix-ppo-seed0/best_model.zip")
 FINAL_MODEL = DEFAULT_MODEL.with_name("model.zip")  # used when training kept no best model (--eval-every 0)
 CACHE_VIEWS = ("router", "engine", "both")
+EVAL_MIXTURE_SEED = 10_000  # --mixture-draws: apart from train.py's draws (its seed) and held-out (5000)
 ALL_ROUTERS = (*ROUTERS, *SCENARIO_ROUTERS)  # the rules, then marginal-cost
 # The default comparison, chosen to keep `python train.py && python evaluate.py` near ten minutes
 # on 2 cores (every router takes about an hour): the baseline, the best balancing rule, the claim's
@@ -80,6 +82,14 @@ def main(argv: list[str] | None = None) -> int:
         f"any of {', '.join(scenarios.SCENARIOS)}",
     )
     p.add_argument("--trace", action="append", default=[], help="trace file to replay (repeatable)")
+    p.add_argument(
+        "--mixture-draws",
+        type=int,
+        default=0,
+        help="also evaluate on this many groups drawn from burstgym.mixture's distribution, with "
+        "--mixture-seed (never a training run's draws: those use its seed 0, 1, ..., its held-out 5000)",
+    )
+    p.add_argument("--mixture-seed", type=int, default=EVAL_MIXTURE_SEED, help="seed of the draws")
     p.add_argument("--load", type=float, default=None, help="override every scenario's load")
     p.add_argument(
         "--routers",
@@ -222,7 +232,7 @@ def _evaluate(args: argparse.Namespace, names: list[str], routers: list[Any], re
     trained_settings.update(overrides)
     if args.scenarios:
         scenario_names = list(args.scenarios)
-    elif args.trace:
+    elif args.trace or args.mixture_draws:
         scenario_names = []
     else:
         first = config.get("scenario", "prefix")
@@ -230,6 +240,15 @@ def _evaluate(args: argparse.Namespace, names: list[str], routers: list[Any], re
     trained_name = config.get("scenario") if model_path is not None else None
     jobs = [(n, n, dict(trained_settings if n == trained_name else settings)) for n in scenario_names]
     jobs += [(f"trace:{Path(t).name}", "trace", {**settings, "trace": t}) for t in args.trace]
+    if args.mixture_draws < 0:
+        raise ValueError(f"--mixture-draws must be >= 0, got {args.mixture_draws}")
+    drawn = sorted(set(overrides) & set(mixture.DRAWN))
+    if args.mixture_draws and drawn:
+        raise ValueError(f"--mixture-draws draws setting {drawn[0]!r} per group; do not set it")
+    if args.mixture_draws:
+        n = scenarios.settings_for(mixture.BASE, **settings)[1].n_nodes
+        draws = mixture.draw(args.mixture_seed, args.mixture_draws, n)
+        jobs += [(f"mixture:{i}", mixture.BASE, {**settings, **g}) for i, g in enumerate(draws)]
     n_nodes = set()
     for _, name, s in jobs:  # refuse bad scenarios, settings and traces before running anything
         cfg, _ = scenarios.make(name, **s)

@@ -418,6 +418,8 @@ def test_train_refuses_bad_input(argv, message, tmp_path, capsys):
         (["--algo", "sarsa"], "unknown algorithm 'sarsa'"),
         (["--trace", "BAD"], "line 2"),
         (["--device", "tpu"], "unknown device 'tpu'"),
+        (["--mixture-draws", "-1"], "--mixture-draws must be >= 0, got -1"),
+        (["--mixture-draws", "2", "--load", "0.5"], "draws setting 'load' per group"),
     ],
 )
 def test_evaluate_refuses_bad_input(argv, message, tmp_path, capsys):
@@ -430,6 +432,32 @@ def test_evaluate_refuses_bad_input(argv, message, tmp_path, capsys):
     assert code != 0
     assert message in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_evaluate_mixture_draws_are_scenarios_of_their_own(tmp_path, monkeypatch):
+    """--mixture-draws K adds K cases drawn from burstgym.mixture with --mixture-seed (alone: only
+    those), each the base scenario with its group's settings."""
+    from burstgym import mixture
+
+    evaluate = load_script("evaluate")
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def capture(fn, tasks, *rest):
+        seen.extend(tasks)
+        raise Stop
+
+    monkeypatch.setattr(evaluate, "run_tasks", capture)
+    with pytest.raises(Stop):
+        evaluate.main(
+            ["--no-model", "--mixture-draws", "3", "--mixture-seed", "7", "--out", str(tmp_path / "r")]
+        )
+    draws = mixture.draw(7, 3)
+    assert [t["name"] for t in seen] == [mixture.BASE] * 3
+    assert [{k: t["settings"][k] for k in g} for t, g in zip(seen, draws, strict=True)] == draws
+    assert all(t["settings"]["episode_length"] == 256 for t in seen)
 
 
 def test_evaluate_runs_the_default_routers_or_all_of_them():
