@@ -50,7 +50,7 @@ from evaluation.statistics import BASELINE, scenario_rows, summary  # noqa: E402
 
 # The checkpoint train.py kept as best on its held-out seeds (5000+); evaluation seeds (10000+) differ,
 # so this is model selection on validation data, as rl-zoo3's best_model, not on the test episodes.
-DEFAULT_MODEL = Path("runs/prefix-ppo-seed0/best_model.zip")
+DEFAULT_MODEL = Path("runs/mixture-ppo-seed0/best_model.zip")
 FINAL_MODEL = DEFAULT_MODEL.with_name("model.zip")  # used when training kept no best model (--eval-every 0)
 CACHE_VIEWS = ("router", "engine", "both")
 EVAL_MIXTURE_SEED = 10_000  # --mixture-draws: apart from train.py's draws (its seed) and held-out (5000)

@@ -1,16 +1,19 @@
 """Train a router on a burstgym scenario, with Stable-Baselines3 or the JAX learner (--algo jax-ppo):
 the same network (`agents.model`), warm start, held-out evaluation and run directory either way.
 
-    python train.py                                   # PPO on "prefix" (shared prefixes, prefix caching)
+    python train.py                                   # PPO across 8 drawn clusters and workloads (mixture)
+    python train.py --scenario prefix                 # PPO on "prefix" alone (shared prefixes)
     python train.py --scenario bursty-dynamic --algo ppo --timesteps 2000000 --n-envs 512 --seed 1
-    python train.py --scenario mixture                # one router across 8 drawn clusters and workloads
     python train.py --resume runs/prefix-ppo-seed0/checkpoints/rl_model_32768_steps.zip --timesteps 100000
     tensorboard --logdir runs
 
-Hyperparameters (and the defaults of --timesteps, --n-envs, --scenario, --episode-length) come
-from the algorithm's rl-zoo3-format file, `agents/hyperparams.yml` for PPO (--conf-file to use
-another). Writes `runs/<scenario>-<algo>-seed<seed>/`: `config.json` (written when the run starts
-with everything a resumed run needs, updated at every checkpoint and at the end, with its
+By default the SB3 learners train one router across `--mixture-groups` (8) groups of clusters and
+workloads drawn from `burstgym.mixture` (`--scenario mixture`); the JAX learner, which steps one
+configuration, trains on the hyperparameter file's scenario. Hyperparameters (and the defaults of
+--timesteps, --n-envs, --episode-length, and jax-ppo's --scenario) come from the algorithm's
+rl-zoo3-format file, `agents/hyperparams.yml` for PPO (--conf-file to use another). Writes
+`runs/<scenario>-<algo>-seed<seed>/` (`mixture-ppo-seed0` by default): `config.json` (written
+when the run starts with everything a resumed run needs, updated at every checkpoint and at the end, with its
 status), `model.zip` (the final model), `best_model.zip` (the best on the held-out evaluation),
 the observation-normalisation statistics of each as JSON (`vecnormalize.json`,
 `best_model_vecnormalize.json`), `checkpoints/` (models and their statistics, at least every tenth
@@ -463,8 +466,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--scenario",
         default=None,
-        help=f"default: the hyperparameter file's (prefix); one of: {', '.join(scenarios.SCENARIOS)}; "
-        f"or {mixture.NAME}: groups of clusters drawn from burstgym.mixture's distribution",
+        help=f"default {mixture.NAME}: groups of clusters and workloads drawn from burstgym.mixture's "
+        "distribution (jax-ppo: the hyperparameter file's scenario, prefix); or one of: "
+        f"{', '.join(scenarios.SCENARIOS)}",
     )
     p.add_argument(
         "--mixture-groups",
@@ -571,7 +575,10 @@ def plan(args: argparse.Namespace) -> tuple[Run, dict[str, Any]]:
         raise ValueError(
             "--bc-teacher needs an actor-critic algorithm (ppo, a2c, maskable-ppo); use --bc-teacher none"
         )
-    mixed = (old.get("mixture") is not None) if args.resume else args.scenario == mixture.NAME
+    # By default the SB3 learners train across the mixture; the JAX learner steps one configuration
+    # and trains on the hyperparameter file's scenario.
+    requested = args.scenario or (None if algo in JAX_ALGOS else mixture.NAME)
+    mixed = (old.get("mixture") is not None) if args.resume else requested == mixture.NAME
     if mixed and algo in JAX_ALGOS:
         raise ValueError(
             f"--scenario {mixture.NAME} trains with {', '.join(ALGOS)}"
@@ -579,7 +586,8 @@ def plan(args: argparse.Namespace) -> tuple[Run, dict[str, Any]]:
         )
     if mixed and (args.load is not None or args.trace is not None):
         raise ValueError(
-            f"--scenario {mixture.NAME} draws each group's load and workload: drop --load and --trace"
+            f"--scenario {mixture.NAME} (the default) draws each group's load and workload: drop --load "
+            "and --trace, or name another --scenario"
         )
     if args.resume and old.get("mixture") and args.scenario not in (None, mixture.NAME):
         raise ValueError(
@@ -599,7 +607,7 @@ def plan(args: argparse.Namespace) -> tuple[Run, dict[str, Any]]:
     else:
         conf = Path(args.conf_file) if args.conf_file else conf_file(algo)
         env_defaults = dict(load(algo, None, conf).get("env_kwargs") or {})
-        scenario = args.scenario or env_defaults.pop("scenario", "prefix")
+        scenario = requested or env_defaults.pop("scenario", "prefix")
         entry = load(algo, scenario, conf)
         settings = {k: v for k, v in (entry.get("env_kwargs") or {}).items() if k != "scenario"}
         if mixed:
@@ -622,12 +630,12 @@ def plan(args: argparse.Namespace) -> tuple[Run, dict[str, Any]]:
     if timesteps < 1 or n_envs < 1:
         raise ValueError("--timesteps and --n-envs must be positive")
     seed = args.seed if args.seed is not None else int(old.get("seed", 0))
+    n_nodes = scenarios.settings_for(scenario, **settings)[1].n_nodes  # refuses a bad setting by name
     drawn = sorted(set(settings) & set(mixture.DRAWN)) if mixed else []
     if drawn:
         raise ValueError(f"--scenario {mixture.NAME} draws setting {drawn[0]!r} per group; do not set it")
     mix = old.get("mixture") if args.resume else None
     if mixed and not args.resume:
-        n_nodes = scenarios.settings_for(scenario, **settings)[1].n_nodes
         mix = {
             "groups": mixture.draw(seed, args.mixture_groups, n_nodes),
             "held_out": mixture.draw(EVAL_SEED_BASE, HELD_OUT_GROUPS, n_nodes),

@@ -303,7 +303,7 @@ def test_jax_checkpoints_are_data_and_damaged_ones_are_refused(tmp_path):
 def test_a_run_directory_that_holds_anything_is_never_written_into(tmp_path, capsys):
     """Re-running train.py with an existing run name replaced model.zip and config.json beside the
     old best model and checkpoints; now it is refused in one line, the old files untouched."""
-    run = tmp_path / "prefix-ppo-seed0"
+    run = tmp_path / "mixture-ppo-seed0"  # the default run's directory
     run.mkdir()
     (run / "config.json").write_text('{"status": "finished"}')
     (run / "model.zip").write_bytes(b"old")

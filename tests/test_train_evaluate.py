@@ -42,6 +42,8 @@ def trained(tmp_path_factory) -> Path:
     proc = run(
         "train.py",
         *TINY,
+        "--scenario",
+        "prefix",
         "--n-envs",
         "8",
         "--timesteps",
@@ -387,6 +389,7 @@ def test_train_mixture_trains_one_model_across_drawn_groups(tmp_path):
         (["--conf-file", "MLP.yml"], "--bc-teacher fits the node-scoring network"),
         (["--scenario", "mixture", "--algo", "jax-ppo"], "the JAX learner steps one configuration"),
         (["--scenario", "mixture", "--load", "0.5"], "draws each group's load and workload"),
+        (["--load", "0.5"], "--scenario mixture (the default) draws each group's load"),
         (["--scenario", "mixture", "--set", "prefix_share=0.5"], "draws setting 'prefix_share' per group"),
         (["--scenario", "mixture", "--mixture-groups", "0"], "--mixture-groups must be at least 1"),
         (["--scenario", "mixture", "--n-envs", "4"], "n_envs (4) must be at least the mixture's groups (8)"),
