@@ -55,8 +55,8 @@ FINAL_MODEL = DEFAULT_MODEL.with_name("model.zip")  # used when training kept no
 CACHE_VIEWS = ("router", "engine", "both")
 EVAL_MIXTURE_SEED = 10_000  # --mixture-draws: apart from train.py's draws (its seed) and held-out (5000)
 ALL_ROUTERS = (*ROUTERS, *SCENARIO_ROUTERS)  # the rules, then marginal-cost
-# The default comparison, chosen to keep `python train.py && python evaluate.py` near ten minutes
-# on 2 cores (every router takes about an hour): the baseline, the best balancing rule, the claim's
+# The default comparison, a fifth of the time of every router (which takes about an hour on 2
+# cores): the baseline, the best balancing rule, the claim's
 # batching skew, the production affinity rules that lead on the headroom table
 # (docs/headroom.md) and the model-based router.
 DEFAULT_ROUTERS = (

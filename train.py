@@ -4,7 +4,7 @@ the same network (`agents.model`), warm start, held-out evaluation and run direc
     python train.py                                   # PPO across 8 drawn clusters and workloads (mixture)
     python train.py --scenario prefix                 # PPO on "prefix" alone (shared prefixes)
     python train.py --scenario bursty-dynamic --algo ppo --timesteps 2000000 --n-envs 512 --seed 1
-    python train.py --resume runs/prefix-ppo-seed0/checkpoints/rl_model_32768_steps.zip --timesteps 100000
+    python train.py --resume runs/mixture-ppo-seed0/checkpoints/rl_model_32768_steps.zip --timesteps 100000
     tensorboard --logdir runs
 
 By default the SB3 learners train one router across `--mixture-groups` (8) groups of clusters and
