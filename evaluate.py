@@ -53,7 +53,7 @@ from evaluation.statistics import BASELINE, scenario_rows, summary  # noqa: E402
 DEFAULT_MODEL = Path("runs/mixture-ppo-seed0/best_model.zip")
 FINAL_MODEL = DEFAULT_MODEL.with_name("model.zip")  # used when training kept no best model (--eval-every 0)
 CACHE_VIEWS = ("router", "engine", "both")
-EVAL_MIXTURE_SEED = 10_000  # --mixture-draws: apart from train.py's draws (its seed) and held-out (5000)
+EVAL_MIXTURE_SEED = 10_000  # --mixture-draws: train.py draws with its run seed, held-out with 5000
 ALL_ROUTERS = (*ROUTERS, *SCENARIO_ROUTERS)  # the rules, then marginal-cost
 # The default comparison, a fifth of the time of every router (which takes about an hour on 2
 # cores): the baseline, the best balancing rule, the claim's
@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=0,
         help="also evaluate on this many groups drawn from burstgym.mixture's distribution, with "
-        "--mixture-seed (never a training run's draws: those use its seed 0, 1, ..., its held-out 5000)",
+        "--mixture-seed (refused where it draws a group the model trained on)",
     )
     p.add_argument("--mixture-seed", type=int, default=EVAL_MIXTURE_SEED, help="seed of the draws")
     p.add_argument("--load", type=float, default=None, help="override every scenario's load")
@@ -248,6 +248,11 @@ def _evaluate(args: argparse.Namespace, names: list[str], routers: list[Any], re
     if args.mixture_draws:
         n = scenarios.settings_for(mixture.BASE, **settings)[1].n_nodes
         draws = mixture.draw(args.mixture_seed, args.mixture_draws, n)
+        seen = (config.get("mixture") or {}).get("groups", []) if model_path is not None else []
+        if any(g in seen for g in draws):
+            raise ValueError(
+                f"--mixture-seed {args.mixture_seed} draws groups the model trained on; pick another"
+            )
         jobs += [(f"mixture:{i}", mixture.BASE, {**settings, **g}) for i, g in enumerate(draws)]
     n_nodes = set()
     for _, name, s in jobs:  # refuse bad scenarios, settings and traces before running anything

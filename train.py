@@ -635,6 +635,10 @@ def plan(args: argparse.Namespace) -> tuple[Run, dict[str, Any]]:
     if drawn:
         raise ValueError(f"--scenario {mixture.NAME} draws setting {drawn[0]!r} per group; do not set it")
     mix = old.get("mixture") if args.resume else None
+    if mixed and not args.resume and seed == EVAL_SEED_BASE:
+        raise ValueError(
+            f"--seed {seed} would train on the mixture's held-out groups (drawn with it); pick another"
+        )
     if mixed and not args.resume:
         mix = {
             "groups": mixture.draw(seed, args.mixture_groups, n_nodes),

@@ -45,12 +45,21 @@ def test_the_distribution_covers_its_regimes():
     assert loads.min() < 0.35 and loads.max() > 0.95
 
 
+# Both vector-env tests build the same groups and batch shapes in one worker, so the second reuses
+# the first's compiled steps.
+GROUPS = [
+    {"prefix_share": 0.0, "load": 0.5},
+    {"prefix_share": 1.0, "prefix_groups": 8, "load": 0.8, "speed": [0.5, 1.0, 1.0, 1.5]},
+]
+
+
+@pytest.mark.xdist_group("mixture-env")
 def test_mixture_vec_env_steps_each_group_as_its_own_vec_env():
     """Group g's clusters take consecutive places and step exactly as a JaxVecEnv of that group
     (seeded with the spawned seed) would; views come per group, since their shapes differ."""
     from agents.sb3_vec_env import JaxVecEnv, MixtureVecEnv
 
-    groups = [{"prefix_share": 0.0, "load": 0.5}, {"prefix_share": 1.0, "prefix_groups": 8, "load": 0.8}]
+    groups = GROUPS
     env = MixtureVecEnv(5, groups, "bursty", seed=7, episode_length=12)
     assert env.sizes == [3, 2] and env.num_envs == 5
     seeds = MixtureVecEnv._spawn(7, 2)
@@ -76,30 +85,30 @@ def test_mixture_vec_env_steps_each_group_as_its_own_vec_env():
         MixtureVecEnv(1, groups, "bursty", episode_length=12)
 
 
+@pytest.mark.xdist_group("mixture-env")
 def test_grouped_router_acts_as_each_groups_router():
     from agents.routers import BatchedRouter, GroupedRouter
     from agents.sb3_vec_env import MixtureVecEnv
     from agents.warm_start import teacher
 
-    groups = [{"prefix_share": 0.0}, {"prefix_share": 1.0, "prefix_groups": 8, "speed": [0.5, 1.0, 1.0, 1.5]}]
-    env = MixtureVecEnv(4, groups, "bursty", seed=1, episode_length=12)
+    env = MixtureVecEnv(5, GROUPS, "bursty", seed=1, episode_length=12)
     parts = [BatchedRouter(teacher("marginal-cost", e.venv.cfg, e.venv.params), 4) for e in env.subs]
     grouped = GroupedRouter(parts, env.sizes)
     singles = [BatchedRouter(teacher("marginal-cost", e.venv.cfg, e.venv.params), 4) for e in env.subs]
     obs = env.reset()
-    grouped.reset(4)
-    singles[0].reset(2, np.arange(0, 2))
-    singles[1].reset(2, np.arange(2, 4))
+    grouped.reset(5)
+    singles[0].reset(3, np.arange(0, 3))
+    singles[1].reset(2, np.arange(3, 5))
     for _ in range(20):
         views, mask = env.router_views(), env.action_masks()
         actions = grouped(obs, mask, views)
         want = np.concatenate(
             [
                 r(None, mask[sl], v)
-                for r, sl, v in zip(singles, [slice(0, 2), slice(2, 4)], views, strict=True)
+                for r, sl, v in zip(singles, [slice(0, 3), slice(3, 5)], views, strict=True)
             ]
         )
         np.testing.assert_array_equal(actions, want)
         obs, *_ = env.step(actions)
-    with pytest.raises(ValueError, match="a batch of 3 environments for groups of 4"):
-        grouped.reset(3)
+    with pytest.raises(ValueError, match="a batch of 4 environments for groups of 5"):
+        grouped.reset(4)

@@ -328,7 +328,7 @@ def test_jax_ppo_trains_through_train_py_and_evaluate_judges_it(tmp_path, monkey
     assert seen["learned"].name == "learned-jax-ppo" and seen["learned"].stats is not None
 
 
-def test_train_mixture_trains_one_model_across_drawn_groups(tmp_path):
+def test_train_mixture_trains_one_model_across_drawn_groups(tmp_path, capsys):
     """--scenario mixture: the run records its drawn groups and held-out groups, warm-starts from
     the teacher built for each group, trains on all of them and evaluates on the held-out ones."""
     out = tmp_path / "runs"
@@ -364,6 +364,12 @@ def test_train_mixture_trains_one_model_across_drawn_groups(tmp_path):
     assert config["bc"]["samples"] == 32 and config["timesteps"] == 128
     assert config["final_eval"]["eval/objective_round_robin"] > 0
     assert (run_dir / "model.zip").stat().st_size > 1000 and (run_dir / "best_model.zip").is_file()
+    # evaluate.py refuses to judge it on the groups it trained on (seed 0's draws)
+    evaluate = load_script("evaluate")
+    argv = ["--model", str(run_dir / "best_model.zip"), "--mixture-draws", "2", "--mixture-seed", "0"]
+    assert evaluate.main([*argv, "--out", str(tmp_path / "r")]) == 2
+    assert "--mixture-seed 0 draws groups the model trained on" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
 
 
 @pytest.mark.parametrize(
@@ -392,6 +398,7 @@ def test_train_mixture_trains_one_model_across_drawn_groups(tmp_path):
         (["--load", "0.5"], "--scenario mixture (the default) draws each group's load"),
         (["--scenario", "mixture", "--set", "prefix_share=0.5"], "draws setting 'prefix_share' per group"),
         (["--scenario", "mixture", "--mixture-groups", "0"], "--mixture-groups must be at least 1"),
+        (["--seed", "5000"], "--seed 5000 would train on the mixture's held-out groups"),
         (["--scenario", "mixture", "--n-envs", "4"], "n_envs (4) must be at least the mixture's groups (8)"),
     ],
 )
