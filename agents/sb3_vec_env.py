@@ -130,29 +130,22 @@ class JaxVecEnv(VecEnv):
     def close(self) -> None:
         self.venv.close()
 
-    def _indices(self, indices: VecEnvIndices) -> Sequence[int]:
-        if indices is None:
-            return range(self.num_envs)
-        if isinstance(indices, int):
-            return [indices]
-        return list(indices)
-
     def get_attr(self, attr_name: str, indices: VecEnvIndices = None) -> list[Any]:
         own = ("render_mode", "scenario", "settings", "n_nodes", "action_masks", "stagger")
         value = getattr(self, attr_name) if attr_name in own else getattr(self.venv, attr_name)
-        return [value for _ in self._indices(indices)]
+        return [value for _ in self._get_indices(indices)]
 
     def set_attr(self, attr_name: str, value: Any, indices: VecEnvIndices = None) -> None:
         setattr(self.venv, attr_name, value)
 
     def env_method(self, method_name: str, *method_args, indices: VecEnvIndices = None, **kwargs) -> list:
-        idx = self._indices(indices)
+        idx = self._get_indices(indices)
         if method_name == "action_masks":
             return [self._mask[i].copy() for i in idx]
         raise AttributeError(f"JaxVecEnv has no per-environment method {method_name!r}")
 
     def env_is_wrapped(self, wrapper_class: type[gym.Wrapper], indices: VecEnvIndices = None) -> list[bool]:
-        return [False for _ in self._indices(indices)]
+        return [False for _ in self._get_indices(indices)]
 
     def seed(self, seed: int | None = None) -> Sequence[None | int]:
         """Seed the next reset (the clusters' keys are split from this one seed)."""
@@ -247,18 +240,11 @@ class MixtureVecEnv(VecEnv):
         for e in self.subs:
             e.close()
 
-    def _indices(self, indices: VecEnvIndices) -> Sequence[int]:
-        if indices is None:
-            return range(self.num_envs)
-        if isinstance(indices, int):
-            return [indices]
-        return list(indices)
-
     def get_attr(self, attr_name: str, indices: VecEnvIndices = None) -> list[Any]:
         own = ("render_mode", "scenario", "settings", "groups", "n_nodes", "stagger")
         if attr_name not in own:
             raise AttributeError(f"MixtureVecEnv has no attribute {attr_name!r} shared by its groups")
-        return [getattr(self, attr_name) for _ in self._indices(indices)]
+        return [getattr(self, attr_name) for _ in self._get_indices(indices)]
 
     def set_attr(self, attr_name: str, value: Any, indices: VecEnvIndices = None) -> None:
         for e in self.subs:
@@ -267,11 +253,11 @@ class MixtureVecEnv(VecEnv):
     def env_method(self, method_name: str, *method_args, indices: VecEnvIndices = None, **kwargs) -> list:
         if method_name == "action_masks":
             masks = self.action_masks()
-            return [masks[i].copy() for i in self._indices(indices)]
+            return [masks[i].copy() for i in self._get_indices(indices)]
         raise AttributeError(f"MixtureVecEnv has no per-environment method {method_name!r}")
 
     def env_is_wrapped(self, wrapper_class: type[gym.Wrapper], indices: VecEnvIndices = None) -> list[bool]:
-        return [False for _ in self._indices(indices)]
+        return [False for _ in self._get_indices(indices)]
 
     def seed(self, seed: int | None = None) -> Sequence[None | int]:
         """Seed the next reset of every group (each group's seed spawned from `seed`)."""
