@@ -55,10 +55,9 @@ FINAL_MODEL = DEFAULT_MODEL.with_name("model.zip")  # used when training kept no
 CACHE_VIEWS = ("router", "engine", "both")
 EVAL_MIXTURE_SEED = 10_000  # --mixture-draws: train.py draws with its run seed, held-out with 5000
 ALL_ROUTERS = (*ROUTERS, *SCENARIO_ROUTERS)  # the rules, then marginal-cost
-# The default comparison, a fifth of the time of every router (which takes about an hour on 2
-# cores): the baseline, the best balancing rule, the claim's
-# batching skew, the production affinity rules that lead on the headroom table
-# (docs/headroom.md) and the model-based router.
+# The default comparison (every router takes about an hour on 2 cores): the baseline, the best
+# balancing rule, the claim's batching skew, the production affinity rules that lead on the
+# headroom table (docs/headroom.md) and the model-based router.
 DEFAULT_ROUTERS = (
     "round-robin",
     "least-tokens",
@@ -242,10 +241,8 @@ def _evaluate(args: argparse.Namespace, names: list[str], routers: list[Any], re
     jobs += [(f"trace:{Path(t).name}", "trace", {**settings, "trace": t}) for t in args.trace]
     if args.mixture_draws < 0:
         raise ValueError(f"--mixture-draws must be >= 0, got {args.mixture_draws}")
-    drawn = sorted(set(overrides) & set(mixture.DRAWN))
-    if args.mixture_draws and drawn:
-        raise ValueError(f"--mixture-draws draws setting {drawn[0]!r} per group; do not set it")
     if args.mixture_draws:
+        mixture.check_undrawn(overrides, "--mixture-draws")
         n = scenarios.settings_for(mixture.BASE, **settings)[1].n_nodes
         draws = mixture.draw(args.mixture_seed, args.mixture_draws, n)
         seen = (config.get("mixture") or {}).get("groups", []) if model_path is not None else []

@@ -631,9 +631,8 @@ def plan(args: argparse.Namespace) -> tuple[Run, dict[str, Any]]:
         raise ValueError("--timesteps and --n-envs must be positive")
     seed = args.seed if args.seed is not None else int(old.get("seed", 0))
     n_nodes = scenarios.settings_for(scenario, **settings)[1].n_nodes  # refuses a bad setting by name
-    drawn = sorted(set(settings) & set(mixture.DRAWN)) if mixed else []
-    if drawn:
-        raise ValueError(f"--scenario {mixture.NAME} draws setting {drawn[0]!r} per group; do not set it")
+    if mixed:
+        mixture.check_undrawn(settings, f"--scenario {mixture.NAME}")
     mix = old.get("mixture") if args.resume else None
     if mixed and not args.resume and seed == EVAL_SEED_BASE:
         raise ValueError(

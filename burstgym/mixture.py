@@ -89,6 +89,13 @@ def draw_one(rng: np.random.Generator, n_nodes: int) -> dict[str, Any]:
     return s
 
 
+def check_undrawn(settings: dict[str, Any], flag: str) -> None:
+    """Refuse, naming `flag`, settings that every group draws for itself (they would be overridden)."""
+    drawn = sorted(set(settings) & set(DRAWN))
+    if drawn:
+        raise ValueError(f"{flag} draws setting {drawn[0]!r} per group; do not set it")
+
+
 def draw(seed: int, k: int, n_nodes: int = 4) -> list[dict[str, Any]]:
     """`k` groups of settings drawn with `seed`, each validated as overrides of `BASE`."""
     if not isinstance(k, int) or k < 1:
