@@ -45,7 +45,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -97,7 +99,8 @@ class EpisodeBatch:
     run_s: float  # seconds running the compiled reset and episode (to results on the device)
     devices: int  # devices the cluster axis was sharded over (1: unsharded)
     chunk: int  # clusters vmapped together in one group on each device
-    memory_bytes: int  # the compiled episode's arguments, outputs and temporaries (XLA's analysis)
+    threads: int  # calls of the compiled episode run at once on parts of the clusters (CPU)
+    memory_bytes: int  # the compiled episode's arguments, outputs and temporaries (XLA's analysis) times the threads running it at once
 
     def first_error(self) -> tuple[int, int] | None:
         """(step, bits) of the batch's first error, as the step-by-step rollout sees it: the first
@@ -113,6 +116,11 @@ class EpisodeBatch:
         first = self.first_error()
         if first is not None:
             check_error(first[1], f" at request {first[0]}")
+
+
+def usable_cores() -> int:
+    """CPU cores this process may run on (its affinity mask where the OS has one)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def cluster_mesh(n_clusters: int, devices: Sequence[Any] | None = None) -> Mesh | None:
@@ -366,6 +374,7 @@ def rollout(
     devices: Sequence[Any] | None = None,
     chunk: int | str | None = "auto",
     memory_limit: int | None = None,
+    threads: int | None = None,
     check: bool = True,
 ) -> EpisodeBatch:
     """Episodes of every router in `routers` on every seed in `seeds` (see the module docstring).
@@ -377,10 +386,17 @@ def rollout(
     runs each step's event loops for as long as its slowest cluster needs and gains nothing, and
     on accelerators the largest group whose compiled episode fits `MEMORY_HEADROOM` of the
     device's free memory (`fit_chunk`). `memory_limit` (bytes per device) makes "auto" fit the
-    group to that budget instead, on any backend. With `check` (default) the first simulation
-    error is raised after the call."""
+    group to that budget instead, on any backend. `threads` (default: the CPU cores this process
+    may use, `usable_cores`, on a single CPU device without a memory limit; 1 otherwise) splits the
+    clusters into that many equal parts, the last cluster repeated to fill the last part and its
+    copies dropped from the results, and runs the compiled episode on the parts at once from as
+    many threads: on CPU a cluster's step is a sequence of small operations on one core, and the
+    parts use the others. With `check` (default) the first simulation error is raised after the
+    call."""
     if memory_limit is not None and memory_limit < 1:
         raise ValueError(f"memory_limit must be a positive number of bytes, got {memory_limit}")
+    if threads is not None and threads < 1:
+        raise ValueError(f"threads must be at least 1, got {threads}")
     if chunk == "auto" and memory_limit is None and jax.default_backend() == "cpu":
         chunk = 1
     fit = chunk == "auto"
@@ -395,8 +411,16 @@ def rollout(
     ridx = np.repeat(np.arange(len(routers), dtype=np.int32), n_seeds)
     rseed = np.repeat(np.asarray(router_seeds, dtype=np.uint32), n_seeds)
     mesh = cluster_mesh(c, devices) if shard else None
+    if threads is None:
+        single_cpu = jax.default_backend() == "cpu" and (mesh is None or mesh.devices.size == 1)
+        threads = usable_cores() if single_cpu and memory_limit is None else 1
+    threads = min(threads, c)
+    if threads > 1:  # each part runs unsharded on the default device; pad to equal parts
+        mesh = None
+        pad = -c % threads
+        seed_arr, ridx, rseed = (np.concatenate([x, np.repeat(x[-1:], pad)]) for x in (seed_arr, ridx, rseed))
     scale = float(np.asarray(params.reward_scale))
-    params = per_cluster(params, c)
+    params = per_cluster(params, len(seed_arr))
     if mesh is not None:
         put = functools.partial(jax.device_put, device=NamedSharding(mesh, PartitionSpec(AXIS)))
         seed_arr, ridx, rseed, params = put(seed_arr), put(ridx), put(rseed), put(params)
@@ -414,12 +438,15 @@ def rollout(
     args = (states, ridx, rseed, seed_arr, params, weights)
     donate = (0,) if jax.default_backend() != "cpu" else ()
     n_devices = 1 if mesh is None else mesh.devices.size
-    local = c // n_devices
+    local = len(seed_arr) // (n_devices * threads)
+    parts = [args] if threads == 1 else [
+        jax.tree.map(lambda x, i=i: x[i * local : (i + 1) * local], args[:-1]) + (weights,) for i in range(threads)
+    ]
 
     def compile_at(k: int | None):
         k = None if k is not None and k >= local else k  # every cluster of the device at once
         build = functools.partial(_episode_fn, cfg, routers, k)
-        return _compiled(_EPISODE, (shared, routers, k), build, args, mesh, donate, replicated=1)
+        return _compiled(_EPISODE, (shared, routers, k), build, parts[0], mesh, donate, replicated=1)
 
     budget = memory_limit
     if fit and budget is None:
@@ -434,10 +461,13 @@ def rollout(
         episode, t_episode = compile_at(chunk)
         chunk = local if chunk is None else chunk_size(local, chunk)
     start = time.perf_counter()
-    out = episode(*args)
-    jax.block_until_ready(out)
+    if threads == 1:
+        out = jax.device_get(episode(*args))
+    else:
+        with ThreadPoolExecutor(threads) as pool:
+            outs = list(pool.map(lambda part: jax.device_get(episode(*part)), parts))
+        out = jax.tree.map(lambda *x: np.concatenate(x)[:c], *outs)
     run_s += time.perf_counter() - start
-    out = jax.device_get(out)
     rewards = np.asarray(out["rewards"])
     # summed in float64 one step at a time, as the step-by-step rollout does
     total = np.cumsum(rewards.astype(np.float64), axis=1)[:, -1] if rewards.shape[1] else np.zeros(c)
@@ -458,7 +488,8 @@ def rollout(
         run_s=run_s,
         devices=n_devices,
         chunk=chunk,
-        memory_bytes=episode_memory(episode),
+        threads=threads,
+        memory_bytes=episode_memory(episode) * threads,
     )
     if check:
         batch.check()

@@ -253,6 +253,30 @@ def test_sharded_rollout_equals_unsharded_on_two_devices():
     assert "sharded ok" in out.stdout
 
 
+def test_threaded_rollout_equals_one_call():
+    """Clusters split over threads (the CPU default), with the last part padded, give every
+    cluster the same episode as one call over all of them; a bad thread count is refused."""
+    from burstgym import scenarios
+    from burstgym.rollout import rollout, usable_cores
+
+    cfg, params = scenarios.make("bursty", episode_length=32)
+    routers = [make_rule(n) for n in ("round-robin", "least-tokens", "power-of-two")]
+    seeds = [0, 1, 2, 3, 4]  # 15 clusters: 2 threads pad one, 4 threads pad one
+    one = rollout(cfg, params, routers, seeds, threads=1)
+    assert one.threads == 1
+    for threads in (2, 4):
+        many = rollout(cfg, params, routers, seeds, threads=threads)
+        assert many.threads == threads and many.rewards.shape == one.rewards.shape
+        for f in ("objective", "rewards", "node", "dropped", "ttft", "e2e", "error", "error_step"):
+            np.testing.assert_array_equal(getattr(many, f), getattr(one, f), err_msg=f)
+        for k in one.metrics:  # percentiles interpolate per compiled shape (see the sharded test)
+            np.testing.assert_allclose(many.metrics[k], one.metrics[k], rtol=1e-5, err_msg=k)
+    assert rollout(cfg, params, routers[:1], [0]).threads == 1  # one cluster: one thread
+    assert rollout(cfg, params, routers, seeds).threads == min(usable_cores(), 15)
+    with pytest.raises(ValueError, match="threads must be at least 1, got 0"):
+        rollout(cfg, params, routers, seeds, threads=0)
+
+
 # ------------------------------------------------------------------------- learned routers
 
 
