@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import gymnasium as gym
@@ -30,6 +31,7 @@ import numpy as np
 from stable_baselines3.common.vec_env.base_vec_env import VecEnv, VecEnvIndices, VecEnvStepReturn
 
 from burstgym.gym_env import BurstBalanceVectorEnv
+from burstgym.rollout import usable_cores
 
 
 class JaxVecEnv(VecEnv):
@@ -160,10 +162,13 @@ class MixtureVecEnv(VecEnv):
     """Clusters of several configurations (`burstgym.mixture` groups) as one SB3 VecEnv: group g's
     clusters are a `JaxVecEnv` of `scenario` with `settings` and then `groups[g]` applied, and take
     consecutive places of the batch (`num_envs` shared as evenly as it divides). Every group has
-    the same node count, so the observation and action spaces agree.
+    the same node count, so the observation and action spaces agree. The groups step at once from
+    one thread per usable CPU core (`threads`): each group's step is its own compiled program, and
+    on a CPU each runs on one core.
 
     :param groups: settings overrides, one mapping per group.
     :param seed: the first reset's seed; each group's is spawned from it (`numpy.random.SeedSequence`).
+    :param threads: groups stepped at once (default: `burstgym.rollout.usable_cores()`).
     """
 
     render_mode = None
@@ -175,6 +180,7 @@ class MixtureVecEnv(VecEnv):
         scenario: str = "bursty",
         seed: int | None = None,
         stagger: bool = False,
+        threads: int | None = None,
         **settings: Any,
     ):
         if not groups:
@@ -194,6 +200,10 @@ class MixtureVecEnv(VecEnv):
         self.scenario, self.settings, self.groups, self.stagger = scenario, settings, list(groups), stagger
         ends = np.cumsum([0, *self.sizes])
         self._slices = [slice(int(a), int(b)) for a, b in zip(ends[:-1], ends[1:], strict=True)]
+        threads = usable_cores() if threads is None else threads
+        if threads < 1:
+            raise ValueError(f"threads must be at least 1, got {threads}")
+        self._pool = ThreadPoolExecutor(min(threads, len(self.subs)))
 
     @staticmethod
     def _spawn(seed: int | None, k: int) -> list[int | None]:
@@ -207,7 +217,7 @@ class MixtureVecEnv(VecEnv):
         return self.subs[0].n_nodes
 
     def reset(self) -> np.ndarray:
-        obs = np.concatenate([e.reset() for e in self.subs])
+        obs = np.concatenate(list(self._pool.map(lambda e: e.reset(), self.subs)))
         self.reset_infos = [info for e in self.subs for info in e.reset_infos]
         return obs
 
@@ -217,7 +227,7 @@ class MixtureVecEnv(VecEnv):
             e.step_async(actions[sl])
 
     def step_wait(self) -> VecEnvStepReturn:
-        parts = [e.step_wait() for e in self.subs]
+        parts = list(self._pool.map(lambda e: e.step_wait(), self.subs))
         obs, reward, done, infos = (list(x) for x in zip(*parts, strict=True))
         return (
             np.concatenate(obs),
@@ -239,6 +249,7 @@ class MixtureVecEnv(VecEnv):
     def close(self) -> None:
         for e in self.subs:
             e.close()
+        self._pool.shutdown()
 
     def get_attr(self, attr_name: str, indices: VecEnvIndices = None) -> list[Any]:
         own = ("render_mode", "scenario", "settings", "groups", "n_nodes", "stagger")
