@@ -35,6 +35,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -54,6 +55,7 @@ from burstgym import cluster, routing
 from burstgym.env import BurstBalance
 from burstgym.gym_env import batched_step_fn, check_error
 from burstgym.observation import GLOBAL_FEATURES, NODE_FEATURES, action_mask
+from burstgym.rollout import chunk_size, usable_cores
 from burstgym.types import EnvConfig, EnvParams
 
 ALGO = "jax-ppo"
@@ -336,10 +338,9 @@ class JaxPPO:
     def update(self) -> dict[str, float]:
         """One rollout and its PPO update; returns the logs (SB3's `train/...` names, episode
         returns and serving metrics of the episodes that ended in the rollout)."""
-        update = self._jit("update", self._update_fn)
-        self.train_state, self.stats, self.runner, logs = update(
-            self.train_state, self.stats, self.runner, self.params
-        )
+        runner, rollout = self._in_parts("rollout", self._rollout, self.train_state, self.stats)
+        learn = self._jit("learn", self._learn_fn)
+        self.train_state, self.stats, self.runner, logs = learn(self.train_state, self.stats, runner, rollout)
         logs = jax.device_get(logs)
         if int(logs.pop("error")):
             where = f" in the jax-ppo rollout ending at step {self.num_timesteps}"
@@ -348,7 +349,40 @@ class JaxPPO:
         self.num_timesteps += self.n_envs * self.ppo.n_steps
         return {k: float(v) for k, v in logs.items()}
 
-    def _rollout(self, ts: TrainState, stats: ObsStats, runner: Runner, env_params: EnvParams):
+    def parts(self) -> int:
+        """Equal parts of the clusters that step at once, from one thread each: on CPU the largest
+        divisor of `n_envs` up to the usable cores (each part's steps run one cluster after another
+        on one core); elsewhere 1 (every cluster vmapped)."""
+        if jax.default_backend() != "cpu":
+            return 1
+        return chunk_size(self.n_envs, usable_cores())
+
+    def _in_parts(self, name: str, fn: Callable, *shared: Any, static: tuple = ()) -> tuple[Runner, Any]:
+        """`fn(runner, env_params, *shared) -> (runner, outputs)`, jitted, on each part of the
+        clusters (`parts`) at once from as many threads, each part with its own key split from the
+        runner's; returns the runner of every cluster (with the key left after the split) and the
+        parts' outputs joined on the cluster axis (axis 1: outputs are time-major)."""
+        k, r = self.parts(), self.runner
+        m = self.n_envs // k
+        keys = jax.random.split(r.key, k + 1)
+        whole = (r.states, r.obs, r.ep_return)
+        cut = [jax.tree.map(lambda x, i=i: x[i * m : (i + 1) * m], whole) for i in range(k)]
+        jitted = self._jit(name, fn, *static)
+
+        def run(i: int) -> tuple[Runner, Any]:
+            states, obs, ep_return = cut[i]
+            out = jitted(Runner(states, obs, keys[i + 1], ep_return), self.params, *shared)
+            return jax.block_until_ready(out)
+
+        with ThreadPoolExecutor(k) as pool:
+            runners, outs = zip(*pool.map(run, range(k)), strict=True)
+        states, obs, ep_return = jax.tree.map(
+            lambda *x: jnp.concatenate(x), *((q.states, q.obs, q.ep_return) for q in runners)
+        )
+        outs = jax.tree.map(lambda *x: jnp.concatenate(x, axis=1), *outs)
+        return Runner(states, obs, keys[0], ep_return), outs
+
+    def _rollout(self, runner: Runner, env_params: EnvParams, ts: TrainState, stats: ObsStats):
         step = functools.partial(batched_step_fn(self.core), params=env_params)
         p, cut = self.ppo, self.cfg.end == "cut"
 
@@ -396,9 +430,11 @@ class JaxPPO:
         }
         return loss, aux
 
-    def _update_fn(self, ts: TrainState, stats: ObsStats, runner: Runner, env_params: EnvParams):
+    def _learn_fn(self, ts: TrainState, stats: ObsStats, runner: Runner, rollout: tuple):
+        """GAE and the `n_epochs` x minibatch updates on one rollout (`_rollout`'s outputs), and
+        the rollout's logs."""
         p = self.ppo
-        runner, (tr, raw_obs, ep_return, metrics, error) = self._rollout(ts, stats, runner, env_params)
+        tr, raw_obs, ep_return, metrics, error = rollout
         _, last_value = ts.apply_fn(ts.params, self.normalize(stats, runner.obs))
         adv, returns = gae(tr.reward, tr.value, tr.done, last_value, p.gamma, p.gae_lambda)
         flat = jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), (tr, adv, returns))
@@ -470,7 +506,7 @@ class JaxPPO:
 
         def collect(runner: Runner, env_params: EnvParams):
             step = functools.partial(batched_step_fn(self.core), params=env_params)
-            r0 = jax.vmap(lambda s: teacher.init(n, s, s))(jnp.zeros(self.n_envs, jnp.uint32))
+            r0 = jax.vmap(lambda s: teacher.init(n, s, s))(jnp.zeros(runner.ep_return.shape[0], jnp.uint32))
 
             def body(carry, _):
                 r, rs = carry
@@ -487,8 +523,8 @@ class JaxPPO:
             (runner, _), data = jax.lax.scan(body, (runner, r0), None, length=t)
             return runner, data
 
-        collected = self._jit("collect", collect, teacher, t)(self.runner, self.params)
-        self.runner, (obs, actions, rewards, dones, final_obs, error) = collected
+        self.runner, collected = self._in_parts("collect", collect, static=(teacher, t))
+        obs, actions, rewards, dones, final_obs, error = collected
         bits = int(np.bitwise_or.reduce(np.asarray(error).reshape(-1)))
         if bits:
             check_error(bits, " in the warm start's rollout")

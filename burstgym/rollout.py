@@ -47,8 +47,8 @@ import dataclasses
 import functools
 import os
 import time
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -100,7 +100,8 @@ class EpisodeBatch:
     devices: int  # devices the cluster axis was sharded over (1: unsharded)
     chunk: int  # clusters vmapped together in one group on each device
     threads: int  # calls of the compiled episode run at once on parts of the clusters (CPU)
-    memory_bytes: int  # the compiled episode's arguments, outputs and temporaries (XLA's analysis) times the threads running it at once
+    # the compiled episode's arguments, outputs and temporaries (XLA's analysis), times `threads`
+    memory_bytes: int
 
     def first_error(self) -> tuple[int, int] | None:
         """(step, bits) of the batch's first error, as the step-by-step rollout sees it: the first
@@ -439,9 +440,10 @@ def rollout(
     donate = (0,) if jax.default_backend() != "cpu" else ()
     n_devices = 1 if mesh is None else mesh.devices.size
     local = len(seed_arr) // (n_devices * threads)
-    parts = [args] if threads == 1 else [
-        jax.tree.map(lambda x, i=i: x[i * local : (i + 1) * local], args[:-1]) + (weights,) for i in range(threads)
-    ]
+    parts = [args]
+    if threads > 1:
+        cut = [jax.tree.map(lambda x, i=i: x[i * local : (i + 1) * local], args[:-1]) for i in range(threads)]
+        parts = [part + (weights,) for part in cut]
 
     def compile_at(k: int | None):
         k = None if k is not None and k >= local else k  # every cluster of the device at once
