@@ -1,10 +1,11 @@
 """PPO written in JAX (PureJaxRL style) for the node-scoring router: the environment, the policy and
 the update in jitted calls, with no Python step loop.
 
-One jitted `update` = a rollout of `n_steps` routing decisions on `n_envs` clusters (normalise the
-observation, score the nodes, sample, and the core's step with auto-reset), generalised advantage
-estimation, and `n_epochs` passes of minibatch PPO updates with optax. train.py calls it once per
-rollout (`--algo jax-ppo`) and logs, evaluates and checkpoints between calls, as for SB3.
+One `update` = a jitted rollout of `n_steps` routing decisions on `n_envs` clusters (normalise
+the observation, score the nodes, sample, and the core's step with auto-reset), then one jitted
+call of generalised advantage estimation and `n_epochs` passes of minibatch PPO updates with
+optax. train.py calls it once per rollout (`--algo jax-ppo`) and logs, evaluates and checkpoints
+between calls, as for SB3.
 
 It trains the same model as SB3's PPO with `agents.policies.NodeScoringPolicy`, from the same
 rl-zoo3 hyperparameter file (`agents/hyperparams.yml`):
@@ -24,7 +25,9 @@ rl-zoo3 hyperparameter file (`agents/hyperparams.yml`):
   `agents.routers`), as `agents.learners.behaviour_clone`.
 
 The clusters step as the vector env steps them (`burstgym.gym_env.batched_step_fn`: one after
-another on CPU, vmapped on an accelerator); the network is vmapped over all clusters.
+another on CPU, vmapped on an accelerator); the network is vmapped over all clusters. On CPU the
+rollout runs in equal parts of the clusters from one thread per usable core (`parts`), since one
+cluster's step runs on one core.
 
 A checkpoint (`.msgpack`) holds the network parameters and the observation statistics;
 `JaxPolicyRouter.load` makes it a router with the heuristics' interface, which evaluate.py judges.
