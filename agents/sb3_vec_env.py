@@ -187,6 +187,9 @@ class MixtureVecEnv(VecEnv):
             raise ValueError("a mixture needs at least one group of settings")
         if num_envs < len(groups):
             raise ValueError(f"n_envs ({num_envs}) must be at least the mixture's groups ({len(groups)})")
+        threads = usable_cores() if threads is None else threads
+        if threads < 1:
+            raise ValueError(f"threads must be at least 1, got {threads}")
         self.sizes = [num_envs // len(groups) + (g < num_envs % len(groups)) for g in range(len(groups))]
         seeds = self._spawn(seed, len(groups))
         self.subs = [
@@ -200,9 +203,6 @@ class MixtureVecEnv(VecEnv):
         self.scenario, self.settings, self.groups, self.stagger = scenario, settings, list(groups), stagger
         ends = np.cumsum([0, *self.sizes])
         self._slices = [slice(int(a), int(b)) for a, b in zip(ends[:-1], ends[1:], strict=True)]
-        threads = usable_cores() if threads is None else threads
-        if threads < 1:
-            raise ValueError(f"threads must be at least 1, got {threads}")
         self._pool = ThreadPoolExecutor(min(threads, len(self.subs)))
 
     @staticmethod

@@ -56,11 +56,12 @@ GROUPS = [
 @pytest.mark.xdist_group("mixture-env")
 def test_mixture_vec_env_steps_each_group_as_its_own_vec_env():
     """Group g's clusters take consecutive places and step exactly as a JaxVecEnv of that group
-    (seeded with the spawned seed) would; views come per group, since their shapes differ."""
+    (seeded with the spawned seed) would, the groups stepped from two threads at once; views
+    come per group, since their shapes differ."""
     from agents.sb3_vec_env import JaxVecEnv, MixtureVecEnv
 
     groups = GROUPS
-    env = MixtureVecEnv(5, groups, "bursty", seed=7, episode_length=12)
+    env = MixtureVecEnv(5, groups, "bursty", seed=7, threads=2, episode_length=12)
     assert env.sizes == [3, 2] and env.num_envs == 5
     seeds = MixtureVecEnv._spawn(7, 2)
     alone = [
@@ -83,6 +84,8 @@ def test_mixture_vec_env_steps_each_group_as_its_own_vec_env():
     assert len(views) == 2 and views[0].running.shape == (3, env.n_nodes)
     with pytest.raises(ValueError, match=r"n_envs \(1\) must be at least the mixture's groups \(2\)"):
         MixtureVecEnv(1, groups, "bursty", episode_length=12)
+    with pytest.raises(ValueError, match="threads must be at least 1, got 0"):
+        MixtureVecEnv(5, groups, "bursty", threads=0, episode_length=12)
 
 
 @pytest.mark.xdist_group("mixture-env")
