@@ -470,13 +470,11 @@ def rollout(
         episode, t_episode = compile_at(chunk)
         chunk = local if chunk is None else chunk_size(local, chunk)
     start = time.perf_counter()
-    if threads == 1:
-        out = jax.device_get(episode(*args))
-    else:
-        with ThreadPoolExecutor(threads) as pool:
-            outs = list(pool.map(lambda part: jax.device_get(episode(*part)), parts))
-        out = jax.tree.map(lambda *x: np.concatenate(x)[:c], *outs)
+    with ThreadPoolExecutor(threads) as pool:
+        outs = list(pool.map(lambda part: jax.block_until_ready(episode(*part)), parts))
     run_s += time.perf_counter() - start
+    outs = jax.device_get(outs)
+    out = outs[0] if threads == 1 else jax.tree.map(lambda *x: np.concatenate(x)[:c], *outs)
     rewards = np.asarray(out["rewards"])
     # summed in float64 one step at a time, as the step-by-step rollout does
     total = np.cumsum(rewards.astype(np.float64), axis=1)[:, -1] if rewards.shape[1] else np.zeros(c)
