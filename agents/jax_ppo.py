@@ -368,9 +368,12 @@ class JaxPPO:
         k, r = self.parts(), self.runner
         m = self.n_envs // k
         keys = jax.random.split(r.key, k + 1)
+        jitted = self._jit(name, fn, *static)
+        if k == 1:  # every cluster in one call: nothing to cut or join
+            runner, outs = jitted(r._replace(key=keys[1]), self.params, *shared)
+            return runner._replace(key=keys[0]), outs
         whole = (r.states, r.obs, r.ep_return)
         cut = [jax.tree.map(lambda x, i=i: x[i * m : (i + 1) * m], whole) for i in range(k)]
-        jitted = self._jit(name, fn, *static)
 
         def run(i: int) -> tuple[Runner, Any]:
             states, obs, ep_return = cut[i]

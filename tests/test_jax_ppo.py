@@ -133,6 +133,26 @@ def test_training_is_reproducible_and_its_checkpoint_routes(tiny_setup, tmp_path
         router(obs[:, :-1])
 
 
+def test_rollouts_in_parts_equal_one_part(tiny_setup, monkeypatch):
+    """A deterministic teacher's rollout collected in two parts of the clusters (two threads, the
+    CPU layout) gives the warm start the same fit and leaves the clusters and key as one call over
+    every cluster (the accelerator layout) does; the next PPO update runs in either."""
+    results = []
+    for k in (1, 2):
+        monkeypatch.setattr(JaxPPO, "parts", lambda self, k=k: k)
+        learner = _learner(tiny_setup)
+        bc = learner.warm_start(make_rule("jsq"), 32, epochs=2, batch_size=16)
+        runner = learner.runner
+        logs = learner.update()
+        assert learner.runner.obs.shape == runner.obs.shape and np.isfinite(logs["train/value_loss"])
+        results.append((bc, jax.tree.leaves((runner.states, runner.obs, runner.ep_return)), runner.key))
+    (bc1, run1, key1), (bc2, run2, key2) = results
+    assert bc1 == bc2
+    for a, b in zip(run1, run2, strict=True):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(jax.random.key_data(key1), jax.random.key_data(key2))
+
+
 def test_target_kl_stops_the_update_before_the_first_minibatch_past_it(tiny_setup):
     # The first minibatch starts at the rollout's policy (KL exactly 0) and is applied; every
     # later one is past a vanishing target and the update stops there.
