@@ -173,7 +173,12 @@ def _handle_events(
     if geo is not None:
         # Only the ending nodes' pairs are released, so the other nodes' caches come back unchanged
         # (no select over the [N, H] tables).
-        cache, pinned = jax.vmap(scheduler.release_finished)(cache, res.slots, done, geo.chunks, at)
+        # (a `lax.cond`: most events finish no request, and the release would change nothing)
+        cache, pinned = jax.lax.cond(
+            done.any(),
+            lambda: jax.vmap(scheduler.release_finished)(cache, res.slots, done, geo.chunks, at),
+            lambda: (cache, res.slots),
+        )
         res = res._replace(slots=pinned)
     slots = tree_where(ending, res.slots, slots)
     batch_over = ending & ~(slots.status == RUNNING).any(axis=1)
@@ -197,9 +202,10 @@ def _handle_events(
             # A node that does not start plans as if empty, which leaves its cache unchanged, so the
             # plan's cache needs no select over the [N, U] tables (its slots are selected below).
             planned = slots._replace(status=jnp.where(start_ok[:, None], slots.status, EMPTY))
-            plan = jax.vmap(scheduler.plan_continuous, in_axes=(0, 0, 0, 0, 0, None))(
-                planned, ncfg, cache, geo.chunks, at, cfg.cache_entries
-            )
+            plan = jax.vmap(
+                lambda s, n, k, ch, a: scheduler.plan_continuous(s, n, k, ch, a, cfg.cache_entries, "nodes"),
+                axis_name="nodes",
+            )(planned, ncfg, cache, geo.chunks, at)
             at = plan.at
         mode = "continuous"
     else:

@@ -287,13 +287,25 @@ def plan_continuous(
     chunks: Chunks | None,
     at: jax.Array | None = None,
     max_entries: int = 0,
+    nodes_axis: str | None = None,
 ) -> Plan:
     """Plan the next continuous-batching iteration of one node (docs/semantics.md, steps 1-4).
 
     `chunks` is None without prefix caching (that code is then not traced); with it, `at` ([S, B])
     holds the table positions of the pinned chunks (`prefix_cache.locate`; the plan returns them
     updated) and `max_entries` the chunks a node may hold (`EnvConfig.cache_entries`).
+
+    The prefix cache's per-pair work (first pinners, releases of preempted requests, pins of the
+    chunks running requests complete) runs under a `lax.cond` taken only when some node has such
+    pairs; skipped, it would change nothing. `nodes_axis` names the `vmap` axis of the nodes
+    planned together, so the condition is one for all of them (a condition that differed per node
+    would turn the `cond` into a select that runs both branches).
     """
+
+    def anywhere(x: jax.Array) -> jax.Array:
+        """[] bool: `x` ([] bool) holds on some node planned together."""
+        return x if nodes_axis is None else jax.lax.psum(x.astype(jnp.int32), nodes_axis) > 0
+
     n_slots = slots.status.shape[0]
     pos = jnp.arange(n_slots)
     running = slots.status == RUNNING
@@ -317,17 +329,26 @@ def plan_continuous(
     # Preempting the running requests at positions >= p frees their private blocks and the chunks
     # only they pin (a chunk's first pinner is at >= p).
     freed = private.sum() - (jnp.cumsum(private) - private)
+    short = extra.sum() > available  # some running request must be preempted
     if cached:
         width = chunks.ids.shape[1]
         j = jnp.arange(width)[None, :]
-        pairs = running[:, None] & (j < slots.pin[:, None]) & (chunks.ids >= 0)
-        cache, first = pc.first_pinners(cache, at, pairs)  # each pinned chunk once
-        slot_of = jnp.where(first, jnp.broadcast_to(pos[:, None], first.shape), n_slots)
-        by_pos = jnp.zeros(n_slots + 1, jnp.int32).at[slot_of].add(jnp.where(first, chunks.blocks, 0))
-        freed = freed + (jnp.cumsum(by_pos[::-1])[::-1])[:n_slots]
+
+        def pinned_freed(cache: PrefixCache) -> tuple[PrefixCache, jax.Array]:
+            pairs = running[:, None] & (j < slots.pin[:, None]) & (chunks.ids >= 0)
+            cache, first = pc.first_pinners(cache, at, pairs)  # each pinned chunk once
+            slot_of = jnp.where(first, jnp.broadcast_to(pos[:, None], first.shape), n_slots)
+            by_pos = jnp.zeros(n_slots + 1, jnp.int32).at[slot_of].add(jnp.where(first, chunks.blocks, 0))
+            return cache, (jnp.cumsum(by_pos[::-1])[::-1])[:n_slots]
+
+        # (only read when blocks are short; first_pinners' stamps are scratch on pinned chunks)
+        cache, by_chunks = jax.lax.cond(
+            anywhere(short), pinned_freed, lambda c: (c, jnp.zeros(n_slots, jnp.int32)), cache
+        )
+        freed = freed + by_chunks
     keep_extra = jnp.cumsum(extra) - extra
     fits = keep_extra <= available + freed
-    keep = jnp.where(extra.sum() <= available, n_slots, jnp.max(jnp.where(fits, pos, 0)))
+    keep = jnp.where(short, jnp.max(jnp.where(fits, pos, 0)), n_slots)
     preempted = running & (pos >= keep)
     kept = running & ~preempted
     n_pre = preempted.sum()
@@ -340,16 +361,23 @@ def plan_continuous(
     )
     if cached:
         # Preempted requests release their chunks, newest request first, last chunk first.
-        rel = preempted[:, None] & (j < slots.pin[:, None]) & (chunks.ids >= 0)
-        rank, span = pc.release_rank(rel, slots.pin, newest_first=True)
-        cache = pc.release(cache, chunks, at, rel, rank, span)
+        def release_preempted(cache: PrefixCache) -> PrefixCache:
+            rel = preempted[:, None] & (j < slots.pin[:, None]) & (chunks.ids >= 0)
+            rank, span = pc.release_rank(rel, slots.pin, newest_first=True)
+            return pc.release(cache, chunks, at, rel, rank, span)
+
+        cache = jax.lax.cond(anywhere(n_pre > 0), release_preempted, lambda c: c, cache)
         # Chunks the running requests complete in this iteration are cached now (vLLM caches full
         # blocks when it allocates them), then evictions make room for their growth.
         new_pin = jnp.maximum(slots.pin, pc.covered(chunks, slots.computed + t))
         new_pin = jnp.where(kept, new_pin, 0)
         ins = kept[:, None] & (j >= slots.pin[:, None]) & (j < new_pin[:, None]) & (chunks.ids >= 0)
-        cache, spot = pc.add_refs(cache, chunks, ins)
-        at = jnp.where(ins, spot, at)
+
+        def pin_completed(cache: PrefixCache, at: jax.Array) -> tuple[PrefixCache, jax.Array]:
+            cache, spot = pc.add_refs(cache, chunks, ins)
+            return cache, jnp.where(ins, spot, at)
+
+        cache, at = jax.lax.cond(anywhere(ins.any()), pin_completed, lambda c, a: (c, a), cache, at)
         slots = slots._replace(pin=jnp.where(running, new_pin, slots.pin))
         grown = jnp.where(
             kept, ceil_div(jnp.maximum(slots.computed + t - pc.chunk_end(chunks.end, new_pin), 0), bs), 0
