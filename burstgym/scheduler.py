@@ -179,6 +179,7 @@ def _admit_cached(
     n_run: jax.Array,
     cfg: NodeConfig,
     max_entries: int,
+    anywhere,
 ):
     """Admission with a prefix cache, one waiting request at a time in queue order (vLLM V1).
 
@@ -188,6 +189,11 @@ def _admit_cached(
     the evictable pool), pins its hits and the chunks its first chunk completes (cached at
     scheduling time, as vLLM's `allocate_slots` caches full blocks), and evicts what it must.
     The first request that does not fit stops admission (head-of-line blocking).
+
+    The loop runs while some node planned together (`anywhere`, `plan_continuous`) still has a
+    request to consider; a node that is done passes through the rest unchanged (every change is
+    masked by its request being considered), so the loop's condition is one for all nodes and a
+    pass selects nothing between old and new carries.
     """
     n_slots, width = chunks.ids.shape
     pos_all = jnp.arange(n_slots)
@@ -195,8 +201,11 @@ def _admit_cached(
     bs = cfg.block_size
     last_waiting = jnp.max(jnp.where(slots.status == WAITING, pos_all, -1))
 
-    def cond(s: _Admitting) -> jax.Array:
+    def live(s: _Admitting) -> jax.Array:
         return ~s.stop & (s.pos <= last_waiting)
+
+    def cond(s: _Admitting) -> jax.Array:
+        return anywhere(live(s))
 
     def body(s: _Admitting) -> _Admitting:
         # The slot at `pos` is read and written through a one-hot mask: under the nodes' vmap an
@@ -209,7 +218,8 @@ def _admit_cached(
             on = here.reshape(here.shape + (1,) * (x.ndim - 1))
             return jnp.where(on, x, 0).sum(axis=0, dtype=x.dtype) if x.dtype != bool else (on & x).any(axis=0)
 
-        is_wait = pick(sl.status == WAITING)
+        go = live(s)
+        is_wait = go & pick(sl.status == WAITING)
         mine = jax.tree.map(pick, chunks)
         ids, end, blk = mine.ids, mine.end, mine.blocks
         valid = ids >= 0
@@ -257,8 +267,8 @@ def _admit_cached(
             private=private2,
             budget=s.budget - jnp.where(ok, t, 0),
             n_run=s.n_run + ok,
-            pos=p + 1,
-            stop=is_wait & ~ok,
+            pos=jnp.where(go, p + 1, p),
+            stop=s.stop | (is_wait & ~ok),
             stats=stats,
         )
 
@@ -388,7 +398,7 @@ def plan_continuous(
         budget_left = jnp.where(n_pre == 0, cfg.max_num_batched_tokens - t.sum(), 0).astype(jnp.int32)
         n_kept = kept.sum().astype(jnp.int32)
         slots, cache, at, admitted, stats = _admit_cached(
-            slots, cache, at, chunks, grown.astype(jnp.int32), budget_left, n_kept, cfg, max_entries
+            slots, cache, at, chunks, grown.astype(jnp.int32), budget_left, n_kept, cfg, max_entries, anywhere
         )
     else:
         free_after = empty + jnp.where(preempted, private, 0).sum() - jnp.where(kept, extra, 0).sum()
