@@ -172,8 +172,8 @@ def _handle_events(
     done = res.finished & ending[:, None]
     if geo is not None:
         # Only the ending nodes' pairs are released, so the other nodes' caches come back unchanged
-        # (no select over the [N, H] tables).
-        # (a `lax.cond`: most events finish no request, and the release would change nothing)
+        # (no select over the [N, H] tables); and only when some request finished (a `lax.cond`:
+        # most events finish none, and the release would change nothing).
         cache, pinned = jax.lax.cond(
             done.any(),
             lambda: jax.vmap(scheduler.release_finished)(cache, res.slots, done, geo.chunks, at),

@@ -28,6 +28,7 @@ FCFS rules are then prefix sums over slots, in which holes count zero.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import jax
@@ -179,7 +180,7 @@ def _admit_cached(
     n_run: jax.Array,
     cfg: NodeConfig,
     max_entries: int,
-    anywhere,
+    anywhere: Callable[[jax.Array], jax.Array],
 ):
     """Admission with a prefix cache, one waiting request at a time in queue order (vLLM V1).
 

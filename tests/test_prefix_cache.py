@@ -181,8 +181,8 @@ def test_nodes_planned_together_plan_as_each_node_alone() -> None:
     out of a branch taken for another node exactly as if planned alone. Recorded states of a
     skewed, overloaded episode (3 of 4 requests to node 0, the rest to node 1, tight KV), planned
     with more blocks on node 0 and fewer on node 1 than they ran with, exercise admission on one
-    node, preemption on another, both with pins of completed chunks; the caches are compared up to the stamps of pinned chunks
-    (scratch marks that only a release gives a meaning, docs: burstgym/prefix_cache.py)."""
+    node and preemption on another in the same plans; the caches are compared up to the stamps of
+    pinned chunks (scratch marks that only a release gives a meaning, burstgym/prefix_cache.py)."""
     from burstgym import cluster
     from burstgym.env import BurstBalance
     from burstgym.scheduler import plan_continuous
@@ -223,9 +223,9 @@ def test_nodes_planned_together_plan_as_each_node_alone() -> None:
         geo = cluster.geometry(st.slots, st.requests, params, cfg)
         at = jax.vmap(pc.locate)(st.cache, geo.chunks.ids)
         args = (st.slots, ncfg, st.cache, geo.chunks, at)
-        together = jax.vmap(
-            lambda *a: plan_continuous(*a, cfg.cache_entries, "nodes"), axis_name="nodes"
-        )(*args)
+        together = jax.vmap(lambda *a: plan_continuous(*a, cfg.cache_entries, "nodes"), axis_name="nodes")(
+            *args
+        )
         alone = jax.vmap(lambda *a: plan_continuous(*a, cfg.cache_entries))(*args)
         return together, alone
 
