@@ -30,6 +30,23 @@ from burstgym.types import EMPTY, RUNNING, WAITING, EnvConfig
 
 _CACHE_DIR = pytest.StashKey[str]()
 ROOT = Path(__file__).resolve().parents[1]
+# Shared system prompts in 64-token chunks on 768 KV tokens (12 chunks) per node, 4 running requests
+# and a 6-deep queue: under skewed overload, requests holding their own and shared chunks are
+# preempted and release them (`prefix` scenario settings; callers add nodes, length and load).
+TIGHT_SHARED_PREFIX = dict(
+    max_num_seqs=4,
+    queue_capacity=6,
+    kv_capacity_tokens=768,
+    max_num_batched_tokens=256,
+    prompt_median=64.0,
+    prompt_max=256,
+    output_median=32.0,
+    output_max=128,
+    prefix_groups=8,
+    prefix_median=128.0,
+    prefix_max=256,
+    chunk_tokens=64,
+)
 
 
 def load_script(name: str):

@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import rollout
+from conftest import TIGHT_SHARED_PREFIX, rollout
 
 from burstgym import scenarios
 from burstgym.reference import RefResult, nodes_from_params, simulate
@@ -78,26 +78,14 @@ CASES = {
         "conversation",
         dict(**CONVERSATION, objective="excess", reward="finish", end="cut", **WEIGHTS),
     ),
-    # Shared system prompts in 64-token chunks on 768 KV tokens (12 chunks) per node under skewed
-    # overload: requests holding their own and shared chunks are preempted and release them.
+    # Shared prefixes on tight KV under skewed overload (conftest.TIGHT_SHARED_PREFIX).
     "prefix-shared": (
         "prefix",
         dict(
             n_nodes=4,
             episode_length=160,
             load=1.5,
-            max_num_seqs=4,
-            queue_capacity=6,
-            kv_capacity_tokens=768,
-            max_num_batched_tokens=256,
-            prompt_median=64.0,
-            prompt_max=256,
-            output_median=32.0,
-            output_max=128,
-            prefix_groups=8,
-            prefix_median=128.0,
-            prefix_max=256,
-            chunk_tokens=64,
+            **TIGHT_SHARED_PREFIX,
         ),
     ),
     "padded": (

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import rollout
+from conftest import TIGHT_SHARED_PREFIX, rollout
 
 from burstgym import chunk_table as ct
 from burstgym import prefix_cache as pc
@@ -192,18 +192,7 @@ def test_nodes_planned_together_plan_as_each_node_alone() -> None:
         n_nodes=3,
         episode_length=96,
         load=1.5,
-        max_num_seqs=4,
-        queue_capacity=6,
-        kv_capacity_tokens=768,
-        max_num_batched_tokens=256,
-        prompt_median=64.0,
-        prompt_max=256,
-        output_median=32.0,
-        output_max=128,
-        prefix_groups=8,
-        prefix_median=128.0,
-        prefix_max=256,
-        chunk_tokens=64,
+        **TIGHT_SHARED_PREFIX,
         slot_widths=(),
     )
     core = BurstBalance(cfg)
