@@ -12,6 +12,7 @@ longer than `--budget-s` is skipped and reported as not measured.
     python benchmarks/throughput.py                      # JAX 1, 256, 4096 clusters; env 1, 256, 4096
     python benchmarks/throughput.py --scenario prefix --jax-clusters 1 256 --batch 1 32 --json out.json
     python benchmarks/throughput.py --gpu-sizes          # adds 65,536 clusters (default on GPUs only)
+    python benchmarks/throughput.py --no-baselines --batch --jax-clusters 256   # the JAX rows only
 """
 
 from __future__ import annotations
@@ -259,6 +260,13 @@ def main() -> None:
         help=f"also run the JAX rollout at {', '.join(f'{g:,}' for g in GPU_SIZES)} clusters "
         "(default: on a GPU or TPU only)",
     )
+    ap.add_argument(
+        "--baselines",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="time the single Gymnasium environment and the reference simulator (the ratios' bases); "
+        "--no-baselines with --batch and no sizes times the JAX rows only",
+    )
     ap.add_argument("--jax-routers", nargs="+", default=["round-robin", "least-tokens"])
     ap.add_argument("--chunk", default="auto", help="clusters vmapped together (auto, all, or a number)")
     ap.add_argument(
@@ -321,10 +329,12 @@ def main() -> None:
             }
         )
 
-    with console.status("single Gymnasium environment"):
-        entry("gymnasium env (1)", "gymnasium", 1, single_rate(args.scenario, settings, args.episodes))
-    with console.status("reference simulator"):
-        entry("reference simulator", "reference", 1, reference_rate(args.scenario, settings, args.episodes))
+    if args.baselines:
+        with console.status("single Gymnasium environment"):
+            entry("gymnasium env (1)", "gymnasium", 1, single_rate(args.scenario, settings, args.episodes))
+        with console.status("reference simulator"):
+            ref = reference_rate(args.scenario, settings, args.episodes)
+            entry("reference simulator", "reference", 1, ref)
     for b in args.batch:
         with console.status(f"vector env x{b}"):
             rate = vector_rate(b, args.scenario, settings, args.episodes)
@@ -354,8 +364,8 @@ def main() -> None:
                 chunk=str(chunk),
             )
             last = measured[0] / measured[1]
-    single = rates["gymnasium env (1)"]
-    reference_dps = rates["reference simulator"]
+    single = rates.get("gymnasium env (1)")
+    reference_dps = rates.get("reference simulator")
     table = Table(
         title=f"decisions/s, scenario {args.scenario}, episode_length {args.episode_length}, "
         f"{device}, jax {jax.__version__} on {jax.default_backend()}, "
@@ -375,7 +385,7 @@ def main() -> None:
             continue
         compile_s = f"{e['compile_s']:.1f}" if "compile_s" in e else ""
         mib = f"{e['bytes_per_cluster'] / 2**20:,.2f}" if e.get("bytes_per_cluster") else ""
-        ratios = f"{r / single:,.1f}", f"{r / reference_dps:,.1f}"
+        ratios = (f"{r / base:,.1f}" if base else "" for base in (single, reference_dps))
         table.add_row(
             e["configuration"], f"{r:,.0f}", *ratios, f"{e['decisions_per_cpu_s']:,.0f}", compile_s, mib
         )
