@@ -30,10 +30,9 @@ from burstgym.types import EMPTY, RUNNING, WAITING, EnvConfig
 
 _CACHE_DIR = pytest.StashKey[str]()
 ROOT = Path(__file__).resolve().parents[1]
-# Shared system prompts in 64-token chunks on 768 KV tokens (12 chunks) per node, 4 running requests
-# and a 6-deep queue: under skewed overload, requests holding their own and shared chunks are
-# preempted and release them (`prefix` scenario settings; callers add nodes, length and load).
-TIGHT_SHARED_PREFIX = dict(
+# Small, tight nodes: 4 running requests, a 6-deep queue, 768 KV tokens, short requests (the
+# shared small cluster `BASE` and `TIGHT_SHARED_PREFIX` below).
+TIGHT_NODES = dict(
     max_num_seqs=4,
     queue_capacity=6,
     kv_capacity_tokens=768,
@@ -42,10 +41,12 @@ TIGHT_SHARED_PREFIX = dict(
     prompt_max=256,
     output_median=32.0,
     output_max=128,
-    prefix_groups=8,
-    prefix_median=128.0,
-    prefix_max=256,
-    chunk_tokens=64,
+)
+# Shared system prompts in 64-token chunks on the tight nodes' 768 KV tokens (12 chunks): under
+# skewed overload, requests holding their own and shared chunks are preempted and release them
+# (`prefix` scenario settings; callers add nodes, length and load).
+TIGHT_SHARED_PREFIX = dict(
+    **TIGHT_NODES, prefix_groups=8, prefix_median=128.0, prefix_max=256, chunk_tokens=64
 )
 
 
@@ -182,16 +183,9 @@ BASE = dict(
     n_nodes=4,
     episode_length=160,
     load=1.0,
-    max_num_seqs=4,
     max_batch_size=4,
-    queue_capacity=6,
-    kv_capacity_tokens=768,
     block_size=16,
-    max_num_batched_tokens=256,
-    prompt_median=64.0,
-    prompt_max=256,
-    output_median=32.0,
-    output_max=128,
+    **TIGHT_NODES,
 )
 
 
