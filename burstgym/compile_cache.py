@@ -14,11 +14,11 @@ chose otherwise:
 Every program is written, however short its compile (`MIN_COMPILE_SECONDS`, unless
 `JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS` says otherwise): building a scenario runs ~150 small
 operations one by one (drawing the sample its capacity is estimated from), each compiled apart in
-tens of milliseconds, 5-7 s in all at a process's first scenario on 2 CPU cores; loaded from the
-cache they take under 2 s. They add about 1 MB to the folder. JAX keys each entry by the program,
-the JAX and XLA versions, the compile options and the device, so a stale entry is never used; the
-folder can be deleted at any time. See JAX's "Persistent compilation cache"
-(https://docs.jax.dev/en/latest/persistent_compilation_cache.html).
+tens of milliseconds, seconds in all at a process's first scenario (docs/performance.md,
+"Compiling"); loaded from the cache they take a fraction of that. They add about 1 MB to the
+folder. JAX keys each entry by the program, the JAX and XLA versions, the compile options and the
+device, so a stale entry is never used; the folder can be deleted at any time. See JAX's
+"Persistent compilation cache" (https://docs.jax.dev/en/latest/persistent_compilation_cache.html).
 """
 
 from __future__ import annotations
