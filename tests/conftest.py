@@ -4,7 +4,11 @@ and the invariant counts read from the slot table.
 Compilation dominates the run time of these tests, so every jitted function is cached per
 (EnvConfig, x64 flag) and reused by every test and hypothesis example with that configuration,
 and the processes of one test run share compiled programs through JAX's persistent cache
-(`pytest_configure`).
+(`pytest_configure`). The test processes compile with LLVM's optimisation level 0
+(`XLA_FLAGS=--xla_backend_optimization_level=0`, set below unless the caller's XLA_FLAGS names a
+level; inherited by the workers and subprocesses): XLA's own passes are unchanged, the machine code
+is slower, and the suite, which compiles far longer than it runs, finishes sooner
+(docs/performance.md, "Compiling").
 """
 
 from __future__ import annotations
@@ -16,6 +20,12 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
+
+if "--xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
+    # read when JAX starts its CPU backend, after this file is imported
+    os.environ["XLA_FLAGS"] = (
+        os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0"
+    ).strip()
 
 import jax
 import jax.numpy as jnp
