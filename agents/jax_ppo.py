@@ -55,6 +55,7 @@ from agents.model import Moments, ObsStats
 from agents.routers.base import RuleState
 from agents.warm_start import BC_LR, TeacherData
 from burstgym import cluster, routing
+from burstgym.compile_cache import jit
 from burstgym.env import BurstBalance
 from burstgym.gym_env import batched_step_fn, check_error
 from burstgym.observation import GLOBAL_FEATURES, NODE_FEATURES, action_mask
@@ -272,12 +273,13 @@ class JaxPPO:
         self.num_timesteps = 0
 
     def _jit(self, name: str, fn: Callable, *extra: Any) -> Callable:
-        """`jax.jit(fn)`, compiled once per process for every learner of the same static settings:
-        `fn` reads only the configuration, the PPO settings and the batch layout from `self` (the
-        scenario's parameters come as an argument), so it is shared by equal learners."""
+        """`burstgym.compile_cache.jit(fn)`, compiled once per process for every learner of the same
+        static settings: `fn` reads only the configuration, the PPO settings and the batch layout
+        from `self` (the scenario's parameters come as an argument), so it is shared by equal
+        learners."""
         key = (name, self.cfg, self.ppo, self.n_envs, self.batch_size, self.n_updates, *extra)
         if key not in _JITTED:
-            _JITTED[key] = jax.jit(fn)
+            _JITTED[key] = jit(fn)
         return _JITTED[key]
 
     # ----------------------------------------------------------------------------- set-up

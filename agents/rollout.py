@@ -33,6 +33,7 @@ import numpy as np
 from agents.routers.base import BatchedRouter
 from burstgym import rollout as jax_rollout
 from burstgym import scenarios
+from burstgym.compile_cache import jit
 from burstgym.env import BurstBalance
 from burstgym.gym_env import check_error
 from burstgym.observation import RouterView
@@ -82,7 +83,7 @@ def _shared_fns(cfg: EnvConfig):
     if key not in _SHARED:
         core = BurstBalance(cfg)
         _SHARED[key] = (
-            jax.jit(functools.partial(step_clusters, core, one_at_a_time=jax.default_backend() == "cpu")),
+            jit(functools.partial(step_clusters, core, one_at_a_time=jax.default_backend() == "cpu")),
             jax.jit(jax.vmap(core.metrics)),
             jax.jit(jax.vmap(core.view)),
         )
@@ -97,7 +98,7 @@ class Rollout:
         self.settings = settings
         self.cfg, self.params = scenarios.make(scenario, **settings)
         self.core = BurstBalance(self.cfg)
-        self._reset = jax.jit(jax.vmap(self.core.reset))
+        self._reset = jit(jax.vmap(self.core.reset))
         self._step, self._metrics, self._view = _shared_fns(self.cfg)
 
     def run(

@@ -24,6 +24,7 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
 from burstgym import scenarios
+from burstgym.compile_cache import jit
 from burstgym.env import BurstBalance
 from burstgym.metrics import to_python
 from burstgym.observation import OBS_HIGH, RouterView, obs_size
@@ -54,14 +55,14 @@ def compiled(cfg: EnvConfig) -> tuple[BurstBalance, dict[str, Any]]:
     core = BurstBalance(cfg)
     batched_view = jax.vmap(core.view, in_axes=(0, None))
     fns = {
-        "reset": jax.jit(lambda key, params: _reset_with_mask(core, key, params)),
-        "step_env": jax.jit(core.step_env),
-        "metrics": jax.jit(core.metrics),
-        "view": jax.jit(core.view),
-        "batched_reset": jax.jit(core.batched_reset),
-        "batched_mask": jax.jit(jax.vmap(core.action_mask, in_axes=(0, None))),
-        "batched_step": jax.jit(batched_step_fn(core), donate_argnums=(0,)),
-        "batched_view": jax.jit(batched_view),
+        "reset": jit(lambda key, params: _reset_with_mask(core, key, params)),
+        "step_env": jit(core.step_env),
+        "metrics": jit(core.metrics),
+        "view": jit(core.view),
+        "batched_reset": jit(core.batched_reset),
+        "batched_mask": jit(jax.vmap(core.action_mask, in_axes=(0, None))),
+        "batched_step": jit(batched_step_fn(core), donate_argnums=(0,)),
+        "batched_view": jit(batched_view),
     }
     return core, fns
 

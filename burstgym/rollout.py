@@ -58,6 +58,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from burstgym import routing
+from burstgym.compile_cache import jit
 from burstgym.env import BurstBalance
 from burstgym.gym_env import check_error
 from burstgym.observation import action_mask, observe
@@ -363,9 +364,9 @@ def _compiled(
         fn = _smap(fn, mesh, specs, spec)
         shard = NamedSharding(mesh, spec)
         shardings = tuple(NamedSharding(mesh, s) for s in specs)
-        jitted = jax.jit(fn, in_shardings=shardings, out_shardings=shard, donate_argnums=donate)
+        jitted = jit(fn, in_shardings=shardings, out_shardings=shard, donate_argnums=donate)
     else:
-        jitted = jax.jit(fn, donate_argnums=donate)
+        jitted = jit(fn, donate_argnums=donate)
     compiled = jitted.lower(*args).compile()
     cache[full] = compiled
     return compiled, time.perf_counter() - start
