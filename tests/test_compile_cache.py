@@ -1,18 +1,26 @@
-"""The persistent compilation cache that `import burstgym` turns on (burstgym.compile_cache): on by
+"""burstgym.compile_cache: the persistent compilation cache that `import burstgym` turns on (on by
 default in the user's cache folder, moved or switched off by BURSTGYM_JAX_CACHE, a folder given to
-JAX left alone, and a second process loading what the first compiled. Each case runs in a fresh
-Python process, since JAX reads the setting at its first compilation."""
+JAX left alone, and a second process loading what the first compiled; each of these cases runs in a
+fresh Python process, since JAX reads the setting at its first compilation), and the compiler
+options of the core's programs (`compile_cache.jit`, checked in this process)."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
+import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
+
+from burstgym import compile_cache, scenarios
+from burstgym.env import BurstBalance
 
 PROGRAM = textwrap.dedent(
     """
@@ -88,15 +96,6 @@ def test_core_programs_compile_with_fewer_copies_and_the_same_results() -> None:
     """`compile_cache.jit` (the core's programs) compiles the step with XLA's region-based copy
     insertion: fewer copies than plain `jax.jit`, and bit-identical states and rewards over an
     episode (a copy never changes a value)."""
-    import re
-
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
-
-    from burstgym import compile_cache, scenarios
-    from burstgym.env import BurstBalance
-
     cfg, params = scenarios.make("prefix", episode_length=16, slot_widths=[], chunk_widths=[])
     core = BurstBalance(cfg)
     _, state = core.reset(jax.random.key(3), params)
