@@ -25,9 +25,15 @@ rl-zoo3 hyperparameter file (`agents/hyperparams.yml`):
   `agents.routers`), as `agents.learners.behaviour_clone`.
 
 The clusters step as the vector env steps them (`burstgym.gym_env.batched_step_fn`: one after
-another on CPU, vmapped on an accelerator); the network is vmapped over all clusters. On CPU the
-rollout runs in equal parts of the clusters from one thread per usable core (`parts`), since one
-cluster's step runs on one core.
+another on CPU, vmapped on an accelerator). On an accelerator a rollout is a loop over steps of
+the whole batch (network and step); on CPU a loop over the clusters of each one's loop over its
+steps (`_scan_clusters`), with the network run on one cluster's observation at a time, so that a
+cluster's state is not copied out of the batch and back at every step (1.5x the PPO steps/s on
+`prefix`, docs/performance.md). The actions are drawn as `jax.random.categorical` draws them,
+from Gumbel noise drawn ahead for every step (`_draw_noise`); the network's outputs for one
+cluster can differ in their last bits from those for a batch. On CPU the rollout runs in equal
+parts of the clusters from one thread per usable core (`parts`), since one cluster's step runs
+on one core.
 
 A checkpoint (`.msgpack`) holds the network parameters and the observation statistics;
 `JaxPolicyRouter.load` makes it a router with the heuristics' interface, which evaluate.py judges.
@@ -218,11 +224,47 @@ def gae(
     return adv, adv + values
 
 
-def _categorical(key: jax.Array, logits: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """A sampled action per row and its log-probability."""
-    action = jax.random.categorical(key, logits).astype(jnp.int32)
+def _categorical(noise: jax.Array, logits: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """A sampled action per row and its log-probability: the Gumbel-max draw of
+    `jax.random.categorical`, with its Gumbel noise (`_draw_noise`) drawn ahead."""
+    action = jnp.argmax(noise + logits, axis=-1).astype(jnp.int32)
     logp = jnp.take_along_axis(jax.nn.log_softmax(logits), action[..., None], axis=-1)[..., 0]
     return action, logp
+
+
+def _draw_noise(key: jax.Array, steps: int, shape: tuple[int, ...]) -> tuple[jax.Array, jax.Array]:
+    """(the key left, [steps, *shape] Gumbel noise): for each step, the key split in two and the
+    noise `jax.random.categorical(sub, logits)` would draw for logits of `shape` with the second,
+    so a rollout samples each step's actions as `categorical` would, from the noise of its step."""
+
+    def draw(k: jax.Array, _: None) -> tuple[jax.Array, jax.Array]:
+        k, sub = jax.random.split(k)
+        return k, jax.random.gumbel(sub, shape, jnp.float32)
+
+    return jax.lax.scan(draw, key, None, length=steps)
+
+
+def _scan_clusters(body: Callable, carry: Any, xs: Any, length: int) -> tuple[Any, Any]:
+    """`jax.lax.scan(body, carry, xs, length=length)` for a `body` that steps a batch of clusters
+    (the carry's leaves: cluster axis 0; `xs` and the outputs: time-major, cluster axis 1).
+
+    On CPU each cluster runs its `length` steps in one loop, as a batch of one (a `lax.map` over
+    the clusters outside the scan over steps): its state stays in that loop's carry, instead of
+    being sliced out of the batch and written back at every step, as a scan over steps of the
+    clusters' steps would (the core steps the clusters one after another on CPU either way,
+    `batched_step_fn`). Elsewhere the clusters step together, vmapped."""
+    if jax.default_backend() != "cpu":
+        return jax.lax.scan(body, carry, xs, length=length)
+
+    def one(args: tuple[Any, Any]) -> tuple[Any, Any]:
+        c, x = args
+        c, out = jax.lax.scan(
+            body, jax.tree.map(lambda a: a[None], c), jax.tree.map(lambda a: a[:, None], x), length=length
+        )
+        return jax.tree.map(lambda a: a[0], c), jax.tree.map(lambda a: a[:, 0], out)
+
+    carry, outs = jax.lax.map(one, (carry, jax.tree.map(lambda a: a.swapaxes(0, 1), xs)))
+    return carry, jax.tree.map(lambda a: a.swapaxes(0, 1), outs)
 
 
 _JITTED: dict[Any, Callable] = {}
@@ -393,27 +435,30 @@ class JaxPPO:
     def _rollout(self, runner: Runner, env_params: EnvParams, ts: TrainState, stats: ObsStats):
         step = functools.partial(batched_step_fn(self.core), params=env_params)
         p, cut = self.ppo, self.cfg.end == "cut"
+        key, noise = _draw_noise(runner.key, p.n_steps, (runner.obs.shape[0], self.cfg.n_nodes))
 
-        def body(r: Runner, _):
-            key, k_act = jax.random.split(r.key)
-            x = self.normalize(stats, r.obs)
+        def body(carry: tuple, g: jax.Array):
+            states, raw, ep_return = carry
+            x = self.normalize(stats, raw)
             logits, value = ts.apply_fn(ts.params, x)
-            action, logp = _categorical(k_act, logits)
-            obs, states, reward, done, info = step(r.states, action)
+            action, logp = _categorical(g, logits)
+            obs, states, reward, done, info = step(states, action)
             if cut:  # a truncation: bootstrap from the final observation inside the reward
                 _, v_end = ts.apply_fn(ts.params, self.normalize(stats, info["final_obs"]))
                 reward = reward + p.gamma * jnp.where(done, v_end, 0.0)
-            ep_return = r.ep_return + reward
+            ep_return = ep_return + reward
             out = (
                 Transition(x, action, logp, value, reward, done),
-                r.obs,
+                raw,
                 ep_return,
                 info["metrics"],
                 info["error"],
             )
-            return Runner(states, obs, key, jnp.where(done, 0.0, ep_return)), out
+            return (states, obs, jnp.where(done, 0.0, ep_return)), out
 
-        return jax.lax.scan(body, runner, None, length=p.n_steps)
+        carry = (runner.states, runner.obs, runner.ep_return)
+        (states, obs, ep_return), outs = _scan_clusters(body, carry, noise, p.n_steps)
+        return Runner(states, obs, key, ep_return), outs
 
     def _loss(self, params, batch: Transition, adv: jax.Array, returns: jax.Array, clip: float):
         p = self.ppo
@@ -514,22 +559,28 @@ class JaxPPO:
 
         def collect(runner: Runner, env_params: EnvParams):
             step = functools.partial(batched_step_fn(self.core), params=env_params)
-            r0 = jax.vmap(lambda s: teacher.init(n, s, s))(jnp.zeros(runner.ep_return.shape[0], jnp.uint32))
+            zero = jnp.uint32(0)
+            fresh = teacher.init(n, zero, zero)  # every cluster's rule state at an episode's start
+
+            def fresh_for(b: int):
+                return jax.tree.map(lambda a: jnp.broadcast_to(a, (b, *a.shape)), fresh)
 
             def body(carry, _):
-                r, rs = carry
-                views = jax.vmap(self.core.view, in_axes=(0, None))(r.states, env_params)
+                states, raw, rs = carry
+                views = jax.vmap(self.core.view, in_axes=(0, None))(states, env_params)
                 masks = jax.vmap(action_mask)(views)
                 action, rs = jax.vmap(
                     lambda s, v, m, c: routing.act(teacher, s, v, m, cluster_state=c, params=env_params)
-                )(rs, views, masks, r.states)
-                obs, states, reward, done, info = step(r.states, action)
-                rs = cluster.tree_where(done, r0, rs)
-                out = (r.obs, action, reward, done, info["final_obs"], info["error"])
-                return (r._replace(states=states, obs=obs), rs), out
+                )(rs, views, masks, states)
+                obs, states, reward, done, info = step(states, action)
+                rs = cluster.tree_where(done, fresh_for(done.shape[0]), rs)
+                out = (raw, action, reward, done, info["final_obs"], info["error"])
+                return (states, obs, rs), out
 
-            (runner, _), data = jax.lax.scan(body, (runner, r0), None, length=t)
-            return runner, data
+            (states, obs, _), data = _scan_clusters(
+                body, (runner.states, runner.obs, fresh_for(runner.obs.shape[0])), None, t
+            )
+            return runner._replace(states=states, obs=obs), data
 
         self.runner, collected = self._in_parts("collect", collect, static=(teacher, t))
         obs, actions, rewards, dones, final_obs, error = collected
