@@ -1,11 +1,13 @@
 """The JAX learner (agents/jax_ppo.py): its parts against references (GAE against a plain loop,
-observation statistics against the SB3 learner's, the shared network's symmetry), the KL stop,
+observation statistics against the SB3 learner's, the shared network's symmetry, the CPU rollout
+layout against the batch stepping together, its action draws against jax's), the KL stop,
 refusals of settings it does not implement, and a tiny training run that is reproducible and whose
 checkpoint routes."""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import pickle
 
 import jax
@@ -15,11 +17,22 @@ import pytest
 
 from agents import model
 from agents.hyperparams import load
-from agents.jax_ppo import JaxPolicyRouter, JaxPPO, PPOConfig, apply, gae
+from agents.jax_ppo import (
+    JaxPolicyRouter,
+    JaxPPO,
+    PPOConfig,
+    _categorical,
+    _draw_noise,
+    _scan_clusters,
+    apply,
+    gae,
+)
 from agents.learners import NodePooledRunningMeanStd, load_router
 from agents.model import ObsStats
 from agents.routers import make_rule
 from burstgym import scenarios
+from burstgym.env import BurstBalance
+from burstgym.gym_env import batched_step_fn
 from burstgym.observation import GLOBAL_FEATURES, NODE_FEATURES, obs_size
 
 N = 4
@@ -194,3 +207,35 @@ def test_the_jax_learner_imitates_the_lookahead_bound(tiny_setup):
     learner = _learner(tiny_setup)
     bc = learner.warm_start(teacher("lookahead", cfg, params), 32, epochs=2, batch_size=16)
     assert bc["samples"] == 32 and 0.0 <= bc["agreement"] <= 1.0
+
+
+def test_clusters_each_looping_over_their_steps_equal_the_batch_stepping_together():
+    """`_scan_clusters` (the CPU layout of the learner's rollouts: a loop over the clusters of each
+    one's loop over its steps) leaves the states and gives the outputs of one loop over the steps
+    of the whole batch, bit for bit; actions drawn from `_draw_noise`'s noise are those
+    `jax.random.categorical` draws with the same keys."""
+    cfg, params = scenarios.make("bursty", episode_length=8)
+    core = BurstBalance(cfg)
+    obs, states = core.batched_reset(jax.random.split(jax.random.key(0), 3), params)
+    key, noise = _draw_noise(jax.random.key(1), 6, (3, N))
+    step = functools.partial(batched_step_fn(core), params=params)
+
+    def body(carry, g):
+        states, obs = carry
+        action, logp = _categorical(g, obs[:, :N])  # scores that change with the state
+        obs, states, reward, done, _ = step(states, action)
+        return (states, obs), (action, logp, reward, done)
+
+    by_cluster = jax.jit(lambda c, x: _scan_clusters(body, c, x, 6))((states, obs), noise)
+    together = jax.jit(lambda c, x: jax.lax.scan(body, c, x, length=6))((states, obs), noise)
+    for a, b in zip(jax.tree.leaves(by_cluster), jax.tree.leaves(together), strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert len(set(np.asarray(by_cluster[1][0]).ravel().tolist())) > 1  # the actions vary
+
+    logits = jax.random.normal(jax.random.key(2), (3, N))
+    k = jax.random.key(1)
+    for t in range(6):
+        k, sub = jax.random.split(k)
+        drawn = jax.random.categorical(sub, logits)
+        np.testing.assert_array_equal(_categorical(noise[t], logits)[0], drawn)
+    np.testing.assert_array_equal(jax.random.key_data(key), jax.random.key_data(k))
