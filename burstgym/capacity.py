@@ -87,25 +87,53 @@ def dynamic_capacity(
     outputs: np.ndarray,
     padding: bool,
 ) -> Capacity:
-    """Saturation throughput of one dynamic-batching node, from batches of sampled requests."""
+    """Saturation throughput of one dynamic-batching node, from batches of sampled requests.
+
+    Up to 64 batches of `max_batch_size` consecutive requests; the decode iterations of every
+    batch are timed in one call (rows padded with empty iterations, which take no time).
+    """
     b = int(max_batch_size)
     n = (len(outputs) // b) * b
-    bp = prompts[:n].reshape(-1, b)
-    bo = outputs[:n].reshape(-1, b)
-    times = []
-    for ps, os_ in zip(bp[:64], bo[:64], strict=True):
+    bp = prompts[:n].reshape(-1, b)[:64]
+    bo = outputs[:n].reshape(-1, b)[:64]
+    steps = bo.max(axis=1).astype(np.int64) - 1  # decode iterations of each batch
+    width = _padded(int(steps.max(initial=0)))
+    rows = np.zeros((len(bo), width))  # decoding sequences of each batch's iterations
+    kv = np.zeros((len(bo), width))
+    if padding:
+        top = bp.max(axis=1)
+        prefill = _step_times(
+            model, b * top, np.zeros_like(top), np.zeros_like(top), b * top * (top + 1) / 2.0
+        )
+    else:
+        zero = np.zeros(len(bp))
+        prefill = _step_times(model, bp.sum(axis=1), zero, zero, (bp * (bp + 1) / 2).sum(axis=1))
+    for i, (ps, os_, k) in enumerate(zip(bp, bo, steps, strict=True)):
+        g = np.arange(1, k + 1)[:, None]
         if padding:
-            top = float(ps.max())
-            prefill = _seconds(model, b * top, 0.0, 0.0, b * top * (top + 1) / 2.0)
-            g = np.arange(1, int(os_.max()), dtype=np.float64)
-            decode = float(np.sum(np.asarray(step_time(model, 0.0, float(b), b * (top + g - 1.0), 0.0))))
+            rows[i, :k] = b
+            kv[i, :k] = b * (ps.max() + g[:, 0] - 1.0)
         else:
-            prefill = _seconds(model, float(ps.sum()), 0.0, 0.0, float((ps * (ps + 1) / 2).sum()))
-            g = np.arange(1, int(os_.max()))[:, None]
             alive = (os_[None, :] > g).astype(float)
-            rows = alive.sum(axis=1)
-            kv = (alive * (ps[None, :] + g - 1)).sum(axis=1)
-            keep = rows > 0
-            decode = float(np.sum(np.asarray(step_time(model, 0.0, rows[keep], kv[keep], 0.0))))
-        times.append(prefill + decode)
+            rows[i, :k] = alive.sum(axis=1)
+            kv[i, :k] = (alive * (ps[None, :] + g - 1)).sum(axis=1)
+    decode = _step_times(model, np.zeros_like(rows), rows, kv, np.zeros_like(rows))
+    times = [
+        float(p) + float(np.sum(d[:k]))
+        for p, d, k in zip(np.asarray(prefill), np.asarray(decode), steps, strict=True)
+    ]
     return Capacity(b / (speed * float(np.mean(times))), float(b))
+
+
+def _padded(k: int) -> int:
+    """`k` rounded up to a power of two, so batches of similar lengths share a compiled program."""
+    return 1 << max(k - 1, 0).bit_length()
+
+
+@jax.jit
+def _step_times(
+    model: LatencyModel, prefill: np.ndarray, decode: np.ndarray, kv: np.ndarray, pairs: np.ndarray
+) -> jax.Array:
+    """`step_time` over arrays of iterations, compiled once per shape (eagerly, every operation
+    would compile for every new length)."""
+    return step_time(model, prefill, decode, kv, pairs)

@@ -4,11 +4,13 @@ stable iff rho < 1, and the backlog of an overloaded one grows at lambda - mu)."
 
 from __future__ import annotations
 
+import jax
 import numpy as np
 import pytest
 from conftest import rollout
 
-from burstgym import scenarios
+from burstgym import capacity, scenarios
+from burstgym.latency import list_profiles, load_profile, step_time
 
 E = 3000
 # One slot width: the queue grows to hundreds, and what is checked here is queueing, not the
@@ -42,3 +44,38 @@ def test_load_is_relative_to_capacity(scheduler) -> None:
                 # (lambda - mu) * T with lambda = E / T and mu = lambda / load
                 excess = (1.0 - 1.0 / load) * E
                 assert 0.5 * excess < waiting[-1] < 1.5 * excess
+
+
+def test_dynamic_capacity_times_each_batch_from_its_own_iterations() -> None:
+    """Two batches of two requests, timed by hand from `step_time`: a batch prefills together (padded
+    to its longest prompt with `padding`) and decodes until its longest member is done; the rows
+    that pad the shorter batch's iterations take no time. All of it compiles at most two programs
+    (prefills, decodes), not one per operation and batch length."""
+    model = load_profile(list_profiles()[0]).latency
+    prompts, outputs = np.array([10.0, 20.0, 5.0, 7.0]), np.array([3.0, 1.0, 2.0, 2.0])
+
+    def t(prefill: float, decode: float, kv: float, pairs: float) -> float:
+        return float(step_time(model, prefill, decode, kv, pairs))
+
+    plain = [
+        t(30, 0, 0, 55 + 210) + t(0, 1, 10, 0) + t(0, 1, 11, 0),  # only the 3-token request decodes
+        t(12, 0, 0, 15 + 28) + t(0, 2, 12, 0),
+    ]
+    padded = [t(40, 0, 0, 420) + t(0, 2, 40, 0) + t(0, 2, 42, 0), t(14, 0, 0, 56) + t(0, 2, 14, 0)]
+    for padding, times in ((False, plain), (True, padded)):
+        cap = capacity.dynamic_capacity(model, 2.0, 2, prompts, outputs, padding)
+        assert cap.concurrency == 2.0
+        assert cap.rps == pytest.approx(2 / (2.0 * np.mean(times)), rel=1e-6)
+    compiles = []
+
+    def listen(event: str, seconds: float, **kw) -> None:
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiles.append(kw.get("fun_name"))
+
+    fresh = np.array([900.0, 3.0] * 8)  # a batch length this process has not timed before
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    try:
+        capacity.dynamic_capacity(model, 1.0, 4, fresh + 1.0, fresh, False)
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listen)
+    assert len(compiles) <= 2 and set(compiles) <= {"jit(_step_times)"}, compiles
