@@ -134,9 +134,16 @@ def _release_compiled_programs():
         clear_compiled()
 
 
+# Compiler options for the few programs that run longer than they compile (long episodes, many
+# clusters): XLA's default LLVM optimisation level, not the suite's level 0 (docs/performance.md,
+# "Compiling").
+OPTIMIZED = {"xla_backend_optimization_level": 3}
+
+
 @functools.cache
-def rollout_fn(cfg: EnvConfig, x64: bool = False):
-    """A jitted `(key, params, actions[E]) -> (obs0, state0, final state, per-step trace)`.
+def rollout_fn(cfg: EnvConfig, x64: bool = False, optimized: bool = False):
+    """A jitted `(key, params, actions[E]) -> (obs0, state0, final state, per-step trace)`,
+    compiled with `OPTIMIZED` if `optimized`.
 
     One `lax.scan` over `step_env` runs a whole episode in one call. The trace holds, per step:
     obs, reward, done, the clock (time of the next arrival), the nodes' clocks on the same
@@ -177,12 +184,12 @@ def rollout_fn(cfg: EnvConfig, x64: bool = False):
         st, trace = jax.lax.scan(body, st0, actions)
         return obs0, st0, st, trace
 
-    return jax.jit(run)
+    return jax.jit(run, compiler_options=OPTIMIZED if optimized else None)
 
 
-def rollout(cfg: EnvConfig, params, seed: int, actions, x64: bool = False):
+def rollout(cfg: EnvConfig, params, seed: int, actions, x64: bool = False, optimized: bool = False):
     """Run one episode with fixed actions; NumPy trace. Call inside `jax.enable_x64(x64)`."""
-    fn = rollout_fn(cfg, x64)
+    fn = rollout_fn(cfg, x64, optimized)
     obs0, st0, st, trace = fn(jax.random.key(seed), params, jnp.asarray(actions, jnp.int32))
     return obs0, st0, st, jax.tree.map(np.asarray, trace)
 

@@ -35,7 +35,7 @@ def test_load_is_relative_to_capacity(scheduler) -> None:
     for load in (0.9, 1.1):
         cfg, params = scenarios.make("steady", load=load, **ONE_NODE, **scheduler)
         for seed in range(2):
-            _, _, _, tr = rollout(cfg, params, seed, np.zeros(E, np.int64))
+            _, _, _, tr = rollout(cfg, params, seed, np.zeros(E, np.int64), optimized=True)
             assert (tr["error"] == 0).all()
             waiting = tr["waiting"][:, 0]
             if load < 1:

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import BASE, base, rollout, rollout_fn
+from conftest import BASE, OPTIMIZED, base, rollout, rollout_fn
 
 from burstgym import scenarios
 from burstgym.env import BurstBalance, chunk_widths, needed_chunks
@@ -56,7 +56,7 @@ def test_md1_mean_wait() -> None:
     """
     service, rho, e, warm = 1.0, 0.5, 400, 100
     cfg, params = _md1(rho / service, service, e)
-    run = jax.jit(jax.vmap(rollout_fn(cfg), in_axes=(0, None, None)))
+    run = jax.jit(jax.vmap(rollout_fn(cfg), in_axes=(0, None, None)), compiler_options=OPTIMIZED)
     keys = jax.random.split(jax.random.key(0), 512)
     _, st0, st, _ = run(keys, params, jnp.zeros(e, jnp.int32))
     assert not np.asarray(st.log.dropped).any()
