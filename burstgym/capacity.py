@@ -33,6 +33,7 @@ import numpy as np
 
 from burstgym.latency import LatencyModel, step_time
 from burstgym.workload import Workload
+from burstgym.workload.base import round_up_pow2
 
 SAMPLE = 8192  # requests drawn to estimate the length moments
 SEED = 12345
@@ -97,37 +98,29 @@ def dynamic_capacity(
     bp = prompts[:n].reshape(-1, b)[:64]
     bo = outputs[:n].reshape(-1, b)[:64]
     steps = bo.max(axis=1).astype(np.int64) - 1  # decode iterations of each batch
-    width = _padded(int(steps.max(initial=0)))
-    rows = np.zeros((len(bo), width))  # decoding sequences of each batch's iterations
-    kv = np.zeros((len(bo), width))
+    g = np.arange(1, round_up_pow2(int(steps.max(initial=0))) + 1)  # iterations, padded
     if padding:
         top = bp.max(axis=1)
-        prefill = _step_times(
-            model, b * top, np.zeros_like(top), np.zeros_like(top), b * top * (top + 1) / 2.0
-        )
+        zero = np.zeros_like(top)
+        prefill = _step_times(model, b * top, zero, zero, b * top * (top + 1) / 2.0)
+        live = g[None, :] <= steps[:, None]
+        rows = np.where(live, float(b), 0.0)  # decoding sequences of each batch's iterations
+        kv = np.where(live, b * (top[:, None] + g[None, :] - 1.0), 0.0)
     else:
         zero = np.zeros(len(bp))
         prefill = _step_times(model, bp.sum(axis=1), zero, zero, (bp * (bp + 1) / 2).sum(axis=1))
-    for i, (ps, os_, k) in enumerate(zip(bp, bo, steps, strict=True)):
-        g = np.arange(1, k + 1)[:, None]
-        if padding:
-            rows[i, :k] = b
-            kv[i, :k] = b * (ps.max() + g[:, 0] - 1.0)
-        else:
-            alive = (os_[None, :] > g).astype(float)
+        rows = np.zeros((len(bo), g.size))
+        kv = np.zeros((len(bo), g.size))
+        for i, (ps, os_, k) in enumerate(zip(bp, bo, steps, strict=True)):
+            alive = (os_[None, :] > g[:k, None]).astype(float)
             rows[i, :k] = alive.sum(axis=1)
-            kv[i, :k] = (alive * (ps[None, :] + g - 1)).sum(axis=1)
+            kv[i, :k] = (alive * (ps[None, :] + g[:k, None] - 1)).sum(axis=1)
     decode = _step_times(model, np.zeros_like(rows), rows, kv, np.zeros_like(rows))
     times = [
         float(p) + float(np.sum(d[:k]))
         for p, d, k in zip(np.asarray(prefill), np.asarray(decode), steps, strict=True)
     ]
     return Capacity(b / (speed * float(np.mean(times))), float(b))
-
-
-def _padded(k: int) -> int:
-    """`k` rounded up to a power of two, so batches of similar lengths share a compiled program."""
-    return 1 << max(k - 1, 0).bit_length()
 
 
 @jax.jit
