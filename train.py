@@ -105,7 +105,7 @@ SERVING_TAGS = (
 )
 EVAL_SEED_BASE = 5_000  # held-out evaluation seeds; evaluate.py uses another range
 MODES = ("deterministic", "stochastic")
-HELD_OUT_GROUPS = 4  # a mixture run's held-out evaluation: groups drawn apart from its training groups
+HELD_OUT_GROUPS = 4  # default --mixture-held-out: groups drawn apart from the training groups
 # TensorBoard custom-scalars layout (Custom Scalars tab): serving metrics beside learning curves.
 LAYOUT = {
     "serving beside learning": {
@@ -476,6 +476,13 @@ def main(argv: list[str] | None = None) -> int:
         default=8,
         help=f"--scenario {mixture.NAME}: configurations drawn (each an equal share of the clusters)",
     )
+    p.add_argument(
+        "--mixture-held-out",
+        type=int,
+        default=HELD_OUT_GROUPS,
+        help=f"--scenario {mixture.NAME}: groups drawn apart (seed {EVAL_SEED_BASE}) that the run is "
+        "evaluated on, each compiled once",
+    )
     p.add_argument("--algo", default=None, help=f"default ppo; one of: {', '.join((*ALGOS, *JAX_ALGOS))}")
     p.add_argument("--conf-file", default=None, help="hyperparameter file (default: agents/hyperparams*.yml)")
     p.add_argument("--timesteps", type=int, default=None, help="environment steps (default: n_timesteps)")
@@ -595,6 +602,8 @@ def plan(args: argparse.Namespace) -> tuple[Run, dict[str, Any]]:
         )
     if args.mixture_groups < 1:
         raise ValueError(f"--mixture-groups must be at least 1, got {args.mixture_groups}")
+    if args.mixture_held_out < 1:
+        raise ValueError(f"--mixture-held-out must be at least 1, got {args.mixture_held_out}")
     if args.resume:
         conf = Path(old.get("conf_file") or conf_file(algo))
         entry = old["hyperparams"]
@@ -641,7 +650,7 @@ def plan(args: argparse.Namespace) -> tuple[Run, dict[str, Any]]:
     if mixed and not args.resume:
         mix = {
             "groups": mixture.draw(seed, args.mixture_groups, n_nodes),
-            "held_out": mixture.draw(EVAL_SEED_BASE, HELD_OUT_GROUPS, n_nodes),
+            "held_out": mixture.draw(EVAL_SEED_BASE, args.mixture_held_out, n_nodes),
         }
     if mix is not None and n_envs < len(mix["groups"]):
         raise ValueError(f"n_envs ({n_envs}) must be at least the mixture's groups ({len(mix['groups'])})")

@@ -339,6 +339,8 @@ def test_train_mixture_trains_one_model_across_drawn_groups(tmp_path, capsys):
         "mixture",
         "--mixture-groups",
         "2",
+        "--mixture-held-out",
+        "1",
         "--n-envs",
         "4",
         "--timesteps",
@@ -358,8 +360,8 @@ def test_train_mixture_trains_one_model_across_drawn_groups(tmp_path, capsys):
     config = json.loads((run_dir / "config.json").read_text())
     assert config["scenario"] == "bursty" and len(config["mixture"]["groups"]) == 2
     assert (
-        len(config["mixture"]["held_out"]) == 4
-        and config["mixture"]["held_out"] != config["mixture"]["groups"]
+        len(config["mixture"]["held_out"]) == 1
+        and config["mixture"]["held_out"][0] not in config["mixture"]["groups"]
     )
     assert config["bc"]["samples"] == 32 and config["timesteps"] == 128
     assert config["final_eval"]["eval/objective_round_robin"] > 0
@@ -398,6 +400,7 @@ def test_train_mixture_trains_one_model_across_drawn_groups(tmp_path, capsys):
         (["--load", "0.5"], "--scenario mixture (the default) draws each group's load"),
         (["--scenario", "mixture", "--set", "prefix_share=0.5"], "draws setting 'prefix_share' per group"),
         (["--scenario", "mixture", "--mixture-groups", "0"], "--mixture-groups must be at least 1"),
+        (["--mixture-held-out", "0"], "--mixture-held-out must be at least 1"),
         (["--seed", "5000"], "--seed 5000 would train on the mixture's held-out groups"),
         (["--scenario", "mixture", "--n-envs", "4"], "n_envs (4) must be at least the mixture's groups (8)"),
     ],
