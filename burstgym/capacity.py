@@ -26,6 +26,7 @@ simulator: at load 0.9 queues stay bounded, at 1.1 they grow.
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import jax
@@ -52,8 +53,15 @@ def _seconds(model: LatencyModel, prefill: float, decode: float, kv: float, pair
 
 def sample_lengths(workload: Workload, n: int = SAMPLE, seed: int = SEED) -> tuple[np.ndarray, np.ndarray]:
     """(prompts, outputs) of `n` requests drawn from the workload, as float arrays."""
-    req = workload.sample(jax.random.key(seed), n)
+    req = _draw(workload, n, jax.random.key(seed))
     return np.asarray(req.prompt, dtype=np.float64), np.asarray(req.output, dtype=np.float64)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _draw(workload: Workload, n: int, key: jax.Array):
+    """`workload.sample(key, n)` as one compiled program per workload and size: run operation by
+    operation, its ~60 operations each compile apart at a process's first scenario."""
+    return workload.sample(key, n)
 
 
 def continuous_capacity(

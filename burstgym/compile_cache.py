@@ -12,13 +12,13 @@ chose otherwise:
 - otherwise the folder is `$XDG_CACHE_HOME/burstgym/jax` (default `~/.cache/burstgym/jax`).
 
 Every program is written, however short its compile (`MIN_COMPILE_SECONDS`, unless
-`JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS` says otherwise): building a scenario runs ~150 small
-operations one by one (drawing the sample its capacity is estimated from), each compiled apart in
-tens of milliseconds, seconds in all at a process's first scenario (docs/performance.md,
-"Compiling"); loaded from the cache they take a fraction of that. They add about 1 MB to the
-folder. JAX keys each entry by the program, the JAX and XLA versions, the compile options and the
-device, so a stale entry is never used; the folder can be deleted at any time. See JAX's
-"Persistent compilation cache" (https://docs.jax.dev/en/latest/persistent_compilation_cache.html).
+`JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS` says otherwise): building a scenario runs ~20 small
+operations one by one (the latency model's arithmetic of its capacity), each compiled apart in
+tens of milliseconds, beside the one program that draws its length sample
+(docs/performance.md, "Compiling"); loaded from the cache they take a fraction of that. They
+add about 1 MB to the folder. JAX keys each entry by the program, the JAX and XLA versions, the
+compile options and the device, so a stale entry is never used; the folder can be deleted at
+any time. See JAX's "Persistent compilation cache" (https://docs.jax.dev/en/latest/persistent_compilation_cache.html).
 
 `jit` is `jax.jit` with `COMPILER_OPTIONS`, used for the core's stepping programs (the rollout
 engine's episodes, the environments' steps, the JAX learner). XLA:CPU's copy insertion then uses

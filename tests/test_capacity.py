@@ -79,3 +79,28 @@ def test_dynamic_capacity_times_each_batch_from_its_own_iterations() -> None:
     finally:
         jax.monitoring.unregister_event_duration_listener(listen)
     assert len(compiles) <= 2 and set(compiles) <= {"jit(_step_times)"}, compiles
+
+
+def test_the_length_sample_compiles_once_and_draws_what_the_workload_draws() -> None:
+    """`capacity.sample_lengths` draws a workload's sample in one compiled program (its operations
+    run one by one would each compile apart), with the same lengths as the workload's own sampler
+    run operation by operation."""
+    cfg, _ = scenarios.make("prefix", episode_length=16)
+    n = 777  # a sample size this process has not drawn before
+    key = jax.random.key(capacity.SEED)  # the key's own operation, compiled before listening
+    compiles = []
+
+    def listen(event: str, seconds: float, **kw) -> None:
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiles.append(kw.get("fun_name"))
+
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    try:
+        prompts, outputs = capacity.sample_lengths(cfg.workload, n)
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listen)
+    assert compiles == ["jit(_draw)"], compiles
+    eager = cfg.workload.sample(key, n)
+    np.testing.assert_array_equal(prompts, np.asarray(eager.prompt, np.float64))
+    np.testing.assert_array_equal(outputs, np.asarray(eager.output, np.float64))
+    assert prompts.shape == (n,) and (prompts >= 1).all() and (outputs >= 1).all()
