@@ -34,7 +34,7 @@ import numpy as np
 
 from burstgym.latency import LatencyModel, step_time
 from burstgym.workload import Workload
-from burstgym.workload.base import round_up_pow2
+from burstgym.workload.base import Requests, round_up_pow2
 
 SAMPLE = 8192  # requests drawn to estimate the length moments
 SEED = 12345
@@ -58,7 +58,7 @@ def sample_lengths(workload: Workload, n: int = SAMPLE, seed: int = SEED) -> tup
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1))
-def _draw(workload: Workload, n: int, key: jax.Array):
+def _draw(workload: Workload, n: int, key: jax.Array) -> Requests:
     """`workload.sample(key, n)` as one compiled program per workload and size: run operation by
     operation, its ~60 operations each compile apart at a process's first scenario."""
     return workload.sample(key, n)
