@@ -107,15 +107,14 @@ def dynamic_capacity(
     bo = outputs[:n].reshape(-1, b)[:64]
     steps = bo.max(axis=1).astype(np.int64) - 1  # decode iterations of each batch
     g = np.arange(1, round_up_pow2(int(steps.max(initial=0))) + 1)  # iterations, padded
+    zero = np.zeros(len(bp))
     if padding:
         top = bp.max(axis=1)
-        zero = np.zeros_like(top)
         prefill = _step_times(model, b * top, zero, zero, b * top * (top + 1) / 2.0)
         live = g[None, :] <= steps[:, None]
         rows = np.where(live, float(b), 0.0)  # decoding sequences of each batch's iterations
         kv = np.where(live, b * (top[:, None] + g[None, :] - 1.0), 0.0)
     else:
-        zero = np.zeros(len(bp))
         prefill = _step_times(model, bp.sum(axis=1), zero, zero, (bp * (bp + 1) / 2).sum(axis=1))
         rows = np.zeros((len(bo), g.size))
         kv = np.zeros((len(bo), g.size))

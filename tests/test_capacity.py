@@ -4,6 +4,9 @@ stable iff rho < 1, and the backlog of an overloaded one grows at lambda - mu)."
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import jax
 import numpy as np
 import pytest
@@ -25,6 +28,22 @@ ONE_NODE = dict(
     prompt_max=1024,
     output_max=512,
 )
+
+
+@contextlib.contextmanager
+def _compiles() -> Iterator[list[str]]:
+    """The names of the programs XLA compiles inside the block, in order."""
+    names: list[str] = []
+
+    def listen(event: str, seconds: float, **kw) -> None:
+        if event == "/jax/core/compile/backend_compile_duration":
+            names.append(kw.get("fun_name"))
+
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    try:
+        yield names
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listen)
 
 
 @pytest.mark.parametrize(
@@ -66,18 +85,9 @@ def test_dynamic_capacity_times_each_batch_from_its_own_iterations() -> None:
         cap = capacity.dynamic_capacity(model, 2.0, 2, prompts, outputs, padding)
         assert cap.concurrency == 2.0
         assert cap.rps == pytest.approx(2 / (2.0 * np.mean(times)), rel=1e-6)
-    compiles = []
-
-    def listen(event: str, seconds: float, **kw) -> None:
-        if event == "/jax/core/compile/backend_compile_duration":
-            compiles.append(kw.get("fun_name"))
-
     fresh = np.array([900.0, 3.0] * 8)  # a batch length this process has not timed before
-    jax.monitoring.register_event_duration_secs_listener(listen)
-    try:
+    with _compiles() as compiles:
         capacity.dynamic_capacity(model, 1.0, 4, fresh + 1.0, fresh, False)
-    finally:
-        jax.monitoring.unregister_event_duration_listener(listen)
     assert len(compiles) <= 2 and set(compiles) <= {"jit(_step_times)"}, compiles
 
 
@@ -88,17 +98,8 @@ def test_the_length_sample_compiles_once_and_draws_what_the_workload_draws() -> 
     cfg, _ = scenarios.make("prefix", episode_length=16)
     n = 777  # a sample size this process has not drawn before
     key = jax.random.key(capacity.SEED)  # the key's own operation, compiled before listening
-    compiles = []
-
-    def listen(event: str, seconds: float, **kw) -> None:
-        if event == "/jax/core/compile/backend_compile_duration":
-            compiles.append(kw.get("fun_name"))
-
-    jax.monitoring.register_event_duration_secs_listener(listen)
-    try:
+    with _compiles() as compiles:
         prompts, outputs = capacity.sample_lengths(cfg.workload, n)
-    finally:
-        jax.monitoring.unregister_event_duration_listener(listen)
     assert compiles == ["jit(_draw)"], compiles
     eager = cfg.workload.sample(key, n)
     np.testing.assert_array_equal(prompts, np.asarray(eager.prompt, np.float64))
