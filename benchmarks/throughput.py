@@ -13,6 +13,7 @@ longer than `--budget-s` is skipped and reported as not measured.
     python benchmarks/throughput.py --scenario prefix --jax-clusters 1 256 --batch 1 32 --json out.json
     python benchmarks/throughput.py --gpu-sizes          # adds 65,536 clusters (default on GPUs only)
     python benchmarks/throughput.py --no-baselines --batch --jax-clusters 256   # the JAX rows only
+    python benchmarks/throughput.py --episode-length 512 --kernels   # XLA kernels per decision
 """
 
 from __future__ import annotations
@@ -240,6 +241,42 @@ def profile_step(
     return rows + [(name, per_step(f)) for name, f in narrow]
 
 
+def kernels_per_decision(scenario: str, settings: dict, router: str = "round-robin") -> tuple[float, list]:
+    """XLA kernels (fusions, copies, scatters, reduce-windows...) the compiled episode runs per
+    routing decision: two clusters in one thread, traced by `jax.profiler`, each trace event named
+    after an instruction of the compiled program counted once. Returns (kernels per decision, the
+    ten most run kinds with their count per decision). A step's CPU time follows this count, as
+    each kernel costs a fraction of a microsecond whatever its size."""
+    import collections
+    import glob
+    import gzip
+    import re
+    import tempfile
+
+    from burstgym import rollout as engine
+
+    cfg, params = scenarios.make(scenario, **settings)
+    rule = [make_rule(router)]
+    engine.clear_compiled()
+    rollout(cfg, params, rule, [0, 1], threads=1)  # compiles
+    names = set()
+    for compiled in engine._EPISODE.values():
+        names |= set(re.findall(r"^\s*(?:ROOT )?%([\w.\-]+) = ", compiled.as_text(), re.M))
+    with tempfile.TemporaryDirectory() as folder:
+        jax.profiler.start_trace(folder, create_perfetto_trace=True)
+        done = rollout(cfg, params, rule, [2, 3], threads=1)
+        jax.profiler.stop_trace()
+        (path,) = glob.glob(f"{folder}/**/perfetto_trace.json.gz", recursive=True)
+        with gzip.open(path) as f:
+            trace = json.load(f)
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    kinds = collections.Counter(
+        re.sub(r"[.\d]+$", "", e["name"]) for e in events if e.get("ph") == "X" and e.get("name") in names
+    )
+    decisions = done.ttft.size
+    return sum(kinds.values()) / decisions, [(k, n / decisions) for k, n in kinds.most_common(10)]
+
+
 def device_name() -> str:
     d = jax.devices()[0]
     kind = getattr(d, "device_kind", d.platform)
@@ -277,6 +314,9 @@ def main() -> None:
     ap.add_argument("--json", help="also write the figures to this JSON file")
     ap.add_argument("--profile", action="store_true", help="only profile one step of one cluster (CPU us)")
     ap.add_argument(
+        "--kernels", action="store_true", help="only count the XLA kernels run per routing decision"
+    )
+    ap.add_argument(
         "--set",
         nargs="*",
         default=[],
@@ -288,6 +328,16 @@ def main() -> None:
         extra = parse_settings(args.set)
     except ValueError as e:
         ap.error(str(e))
+    if args.kernels:
+        settings = {"episode_length": args.episode_length, **extra}
+        per, kinds = kernels_per_decision(args.scenario, settings)
+        print(
+            f"{args.scenario}: {per:.1f} XLA kernels per routing decision, "
+            f"episode_length {args.episode_length}"
+        )
+        for kind, n in kinds:
+            print(f"  {kind:40s} {n:7.1f}")
+        return
     if args.profile:
         settings = {"episode_length": args.episode_length, **extra}
         print(
