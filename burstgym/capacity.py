@@ -26,6 +26,7 @@ simulator: at load 0.9 queues stay bounded, at 1.1 they grow.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import NamedTuple
 
@@ -33,7 +34,7 @@ import jax
 import numpy as np
 
 from burstgym.latency import LatencyModel, step_time
-from burstgym.workload import Workload
+from burstgym.workload import Conversations, PoissonArrivals, TraceReplay, Workload
 from burstgym.workload.base import Requests, round_up_pow2
 
 SAMPLE = 8192  # requests drawn to estimate the length moments
@@ -53,8 +54,20 @@ def _seconds(model: LatencyModel, prefill: float, decode: float, kv: float, pair
 
 def sample_lengths(workload: Workload, n: int = SAMPLE, seed: int = SEED) -> tuple[np.ndarray, np.ndarray]:
     """(prompts, outputs) of `n` requests drawn from the workload, as float arrays."""
-    req = _draw(workload, n, jax.random.key(seed))
+    req = _draw(lengths_only(workload), n, jax.random.key(seed))
     return np.asarray(req.prompt, dtype=np.float64), np.asarray(req.output, dtype=np.float64)
+
+
+def lengths_only(workload: Workload) -> Workload:
+    """The workload with a generated arrival process (Poisson, Gamma, MMPP, diurnal) replaced by
+    Poisson arrivals at rate 1: `Workload.sample` draws those arrivals from a key of their own, so
+    the lengths are the same, and workloads that differ only in their arrivals or their rate (the
+    unit-rate workload a scenario's capacity is estimated from and the same at the scenario's
+    rate) share one compiled draw. Trace replays and conversations are kept whole: the trace's
+    rows and the turns in an episode depend on them."""
+    if isinstance(workload.arrivals, (TraceReplay, Conversations)):
+        return workload
+    return dataclasses.replace(workload, arrivals=PoissonArrivals(1.0))
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1))

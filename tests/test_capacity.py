@@ -5,6 +5,7 @@ stable iff rho < 1, and the backlog of an overloaded one grows at lambda - mu)."
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Iterator
 
 import jax
@@ -14,6 +15,7 @@ from conftest import rollout
 
 from burstgym import capacity, scenarios
 from burstgym.latency import list_profiles, load_profile, step_time
+from burstgym.workload import MMPPArrivals
 
 E = 3000
 # One slot width: the queue grows to hundreds, and what is checked here is queueing, not the
@@ -105,3 +107,11 @@ def test_the_length_sample_compiles_once_and_draws_what_the_workload_draws() -> 
     np.testing.assert_array_equal(prompts, np.asarray(eager.prompt, np.float64))
     np.testing.assert_array_equal(outputs, np.asarray(eager.output, np.float64))
     assert prompts.shape == (n,) and (prompts >= 1).all() and (outputs >= 1).all()
+    # the same workload at another rate and with bursty arrivals: lengths are drawn from keys of
+    # their own, so the draw is the same and its program is reused
+    bursty = dataclasses.replace(cfg.workload, arrivals=MMPPArrivals(rate=3.0, burst_ratio=4.0))
+    with _compiles() as compiles:
+        again = capacity.sample_lengths(bursty, n)
+    assert compiles == [], compiles
+    np.testing.assert_array_equal(again[0], prompts)
+    np.testing.assert_array_equal(again[1], outputs)
