@@ -654,9 +654,6 @@ def plan(args: argparse.Namespace) -> tuple[Run, dict[str, Any]]:
         }
     if mix is not None and n_envs < len(mix["groups"]):
         raise ValueError(f"n_envs ({n_envs}) must be at least the mixture's groups ({len(mix['groups'])})")
-    for group in [{}] if mix is None else mix["groups"] + mix["held_out"]:
-        scenarios.make(scenario, **{**settings, **group})  # refuse bad settings before anything is written
-    bc_teacher = None if args.resume or args.bc_teacher == "none" else args.bc_teacher
     out = Path(args.out)
     if old_run is not None:
         run_dir, hint = resumed_dir(out, old_run, args.run_name), "give another --run-name"
@@ -665,7 +662,12 @@ def plan(args: argparse.Namespace) -> tuple[Run, dict[str, Any]]:
         model = run_dir / ("model.msgpack" if algo in JAX_ALGOS else "model.zip")
         resume = f"--resume {model}" if model.is_file() else "--resume one of its checkpoints"
         hint = f"give another --run-name or --seed, continue it with {resume}, or delete it"
-    check_run_dir(run_dir, hint)  # refused now; made once the run's start has loaded (Run.begin)
+    # refused before the scenarios are built (seconds per mixture group); made once the run's start
+    # has loaded (Run.begin)
+    check_run_dir(run_dir, hint)
+    for group in [{}] if mix is None else mix["groups"] + mix["held_out"]:
+        scenarios.make(scenario, **{**settings, **group})  # refuse bad settings before anything is written
+    bc_teacher = None if args.resume or args.bc_teacher == "none" else args.bc_teacher
     normalize = old.get("normalize") if args.resume else None
     if not args.resume:
         norm = normalize_kwargs(entry)

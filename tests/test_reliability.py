@@ -300,14 +300,21 @@ def test_jax_checkpoints_are_data_and_damaged_ones_are_refused(tmp_path):
 # ------------------------------------------------------------------------------------ train.py
 
 
-def test_a_run_directory_that_holds_anything_is_never_written_into(tmp_path, capsys):
+def test_a_run_directory_that_holds_anything_is_never_written_into(tmp_path, capsys, monkeypatch):
     """Re-running train.py with an existing run name replaced model.zip and config.json beside the
-    old best model and checkpoints; now it is refused in one line, the old files untouched."""
+    old best model and checkpoints; now it is refused in one line, the old files untouched, before
+    any of the mixture's scenarios is built (seconds each)."""
     run = tmp_path / "mixture-ppo-seed0"  # the default run's directory
     run.mkdir()
     (run / "config.json").write_text('{"status": "finished"}')
     (run / "model.zip").write_bytes(b"old")
-    code = load_script("train").main(["--episode-length", "16", "--out", str(tmp_path), "--no-progress"])
+    train = load_script("train")
+
+    def built(*args, **kwargs):
+        raise AssertionError("a scenario was built before the run directory was checked")
+
+    monkeypatch.setattr(train.scenarios, "make", built)
+    code = train.main(["--episode-length", "16", "--out", str(tmp_path), "--no-progress"])
     assert code == 2
     message = one_line(capsys.readouterr().err)
     assert f"run directory '{run}' holds a run" in message and f"--resume {run / 'model.zip'}" in message
