@@ -4,11 +4,15 @@ and the invariant counts read from the slot table.
 Compilation dominates the run time of these tests, so every jitted function is cached per
 (EnvConfig, x64 flag) and reused by every test and hypothesis example with that configuration,
 and the processes of one test run share compiled programs through JAX's persistent cache
-(`pytest_configure`). The test processes compile with LLVM's optimisation level 0
-(`XLA_FLAGS=--xla_backend_optimization_level=0`, set below unless the caller's XLA_FLAGS names a
-level; inherited by the workers and subprocesses): XLA's own passes are unchanged, the machine code
-is slower, and the suite, which compiles far longer than it runs, finishes sooner
-(docs/performance.md, "Compiling").
+(`pytest_configure`). The test processes compile with two XLA options (added to XLA_FLAGS below
+unless the caller's XLA_FLAGS names them; inherited by the workers and subprocesses): LLVM's
+optimisation level 0, and XLA:CPU's older elemental emitters in place of its MLIR fusion emitters.
+XLA's own passes are unchanged, the machine code is slower, and the suite, which compiles far
+longer than it runs, finishes sooner (docs/performance.md, "Compiling"). Results agree with the
+default code generation's to rounding; where a test compares two differently built programs bit
+for bit (the engines, a sharded and an unsharded call), the agreement is a property of the default
+emitters that users run, so a test marked `default_codegen` runs in a child process that compiles
+with them (`pytest_pyfunc_call`).
 """
 
 from __future__ import annotations
@@ -17,15 +21,17 @@ import functools
 import importlib.util
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+# The suite's XLA options (see the module docstring), read when JAX starts its CPU backend, after
+# this file is imported
 if "--xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
-    # read when JAX starts its CPU backend, after this file is imported
-    os.environ["XLA_FLAGS"] = (
-        os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0"
-    ).strip()
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_backend_optimization_level=0"
+if "--xla_cpu_use_fusion_emitters" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_cpu_use_fusion_emitters=false"
 
 import jax
 import jax.numpy as jnp
@@ -107,6 +113,33 @@ def pytest_unconfigure(config) -> None:
     path = config.stash.get(_CACHE_DIR, None)
     if path is not None:
         shutil.rmtree(path, ignore_errors=True)
+
+
+def default_codegen_env() -> dict[str, str]:
+    """This process's environment with XLA:CPU's default fusion emitters, the code generation users
+    run, for a child process (see the module docstring)."""
+    flags = os.environ.get("XLA_FLAGS", "").split()
+    flags = [f for f in flags if not f.startswith("--xla_cpu_use_fusion_emitters")]
+    return {**os.environ, "XLA_FLAGS": " ".join([*flags, "--xla_cpu_use_fusion_emitters=true"])}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
+    """A test marked `default_codegen` runs in a child pytest that compiles with the default
+    emitters, unless this process does already; its failure is this test's, with its output."""
+    if pyfuncitem.get_closest_marker("default_codegen") is None:
+        return None
+    if "--xla_cpu_use_fusion_emitters=false" not in os.environ.get("XLA_FLAGS", ""):
+        return None
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", pyfuncitem.nodeid]
+    env = default_codegen_env()
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    if proc.returncode != 0:
+        pytest.fail(
+            f"with XLA:CPU's default emitters (a child pytest):\n{proc.stdout[-6000:]}{proc.stderr[-2000:]}",
+            pytrace=False,
+        )
+    return True
 
 
 def _mappings() -> tuple[int, int]:

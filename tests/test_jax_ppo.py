@@ -209,6 +209,7 @@ def test_the_jax_learner_imitates_the_lookahead_bound(tiny_setup):
     assert bc["samples"] == 32 and 0.0 <= bc["agreement"] <= 1.0
 
 
+@pytest.mark.default_codegen
 def test_clusters_each_looping_over_their_steps_equal_the_batch_stepping_together():
     """`_scan_clusters` (the CPU layout of the learner's rollouts: a loop over the clusters of each
     one's loop over its steps) leaves the states and gives the outputs of one loop over the steps

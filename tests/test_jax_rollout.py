@@ -6,7 +6,6 @@ episode; the PRNG routers' distributions; learned routers in the engine."""
 from __future__ import annotations
 
 import hashlib
-import os
 import subprocess
 import sys
 import textwrap
@@ -18,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import default_codegen_env
 
 from agents.rollout import Rollout, jax_rule
 from agents.routers import make_router, make_rule
@@ -144,7 +144,7 @@ def _assert_same(a, b):
         np.testing.assert_array_equal(a.metrics[k], b.metrics[k], err_msg=k)
 
 
-@pytest.mark.parametrize("scenario", ["bursty", "prefix"])
+@pytest.mark.parametrize("scenario", [pytest.param("bursty", marks=pytest.mark.default_codegen), "prefix"])
 def test_jax_rollout_equals_step_by_step_rollout(scenario):
     # bursty: 48-request episodes, so steps run at two slot widths (32 and 48) in both engines;
     # prefix: 32 (one width), to keep the compile of its routers short.
@@ -236,11 +236,9 @@ SHARDED = textwrap.dedent(
 
 
 def test_sharded_rollout_equals_unsharded_on_two_devices():
-    env = {
-        **os.environ,
-        "XLA_FLAGS": (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2").strip(),
-        "JAX_PLATFORMS": "cpu",
-    }
+    env = default_codegen_env()  # a sharded and an unsharded call agree bit for bit with these
+    env["XLA_FLAGS"] += " --xla_force_host_platform_device_count=2"
+    env["JAX_PLATFORMS"] = "cpu"
     root = Path(__file__).resolve().parents[1]
     out = subprocess.run(
         [sys.executable, "-c", SHARDED], cwd=root, env=env, capture_output=True, text=True, timeout=900

@@ -149,6 +149,7 @@ def test_router_protocol_and_hash_by_content():
     assert MarginalCost.for_scenario(cfg2, params2) != a
 
 
+@pytest.mark.default_codegen
 def test_engine_and_step_by_step_face_route_alike():
     """The rollout engine and the batched NumPy face (`BatchedRouter`, jit(vmap(act))) give the
     same episodes."""
