@@ -59,14 +59,17 @@ def sample_lengths(workload: Workload, n: int = SAMPLE, seed: int = SEED) -> tup
 
 
 def lengths_only(workload: Workload) -> Workload:
-    """The workload with a generated arrival process (Poisson, Gamma, MMPP, diurnal) replaced by
-    Poisson arrivals at rate 1: `Workload.sample` draws those arrivals from a key of their own, so
-    the lengths are the same, and workloads that differ only in their arrivals or their rate (the
-    unit-rate workload a scenario's capacity is estimated from and the same at the scenario's
-    rate) share one compiled draw. Trace replays and conversations are kept whole: the trace's
-    rows and the turns in an episode depend on them."""
-    if isinstance(workload.arrivals, (TraceReplay, Conversations)):
+    """The workload with what cannot change its lengths made the same, so that workloads differing
+    only in it (the unit-rate workload a scenario's capacity is estimated from and the same at the
+    scenario's rate) share one compiled draw: a generated arrival process (Poisson, Gamma, MMPP,
+    diurnal) becomes Poisson arrivals at rate 1 (`Workload.sample` draws arrivals from a key of
+    their own), and a trace replay plays at the trace's own rate (the episode's window of rows
+    does not depend on the rate). Conversations are kept whole: which turns fall in an episode
+    depends on the rate."""
+    if isinstance(workload.arrivals, Conversations):
         return workload
+    if isinstance(workload.arrivals, TraceReplay):
+        return dataclasses.replace(workload, arrivals=dataclasses.replace(workload.arrivals, rate=None))
     return dataclasses.replace(workload, arrivals=PoissonArrivals(1.0))
 
 

@@ -15,7 +15,7 @@ from conftest import rollout
 
 from burstgym import capacity, scenarios
 from burstgym.latency import list_profiles, load_profile, step_time
-from burstgym.workload import MMPPArrivals
+from burstgym.workload import MMPPArrivals, Trace, TraceReplay, Workload
 
 E = 3000
 # One slot width: the queue grows to hundreds, and what is checked here is queueing, not the
@@ -96,7 +96,8 @@ def test_dynamic_capacity_times_each_batch_from_its_own_iterations() -> None:
 def test_the_length_sample_compiles_once_and_draws_what_the_workload_draws() -> None:
     """`capacity.sample_lengths` draws a workload's sample in one compiled program (its operations
     run one by one would each compile apart), with the same lengths as the workload's own sampler
-    run operation by operation."""
+    run operation by operation; workloads differing only in what cannot change the lengths (a
+    generated arrival process, a rate) share it."""
     cfg, _ = scenarios.make("prefix", episode_length=16)
     n = 777  # a sample size this process has not drawn before
     key = jax.random.key(capacity.SEED)  # the key's own operation, compiled before listening
@@ -115,3 +116,13 @@ def test_the_length_sample_compiles_once_and_draws_what_the_workload_draws() -> 
     assert compiles == [], compiles
     np.testing.assert_array_equal(again[0], prompts)
     np.testing.assert_array_equal(again[1], outputs)
+    # a trace replayed at two rates: the episode's rows do not depend on the rate
+    trace = Trace(np.arange(40.0), np.arange(1, 41, dtype=np.int32), np.full(40, 7, np.int32))
+    slow, fast = (Workload(TraceReplay(trace, rate=r)) for r in (0.5, 20.0))
+    drawn = capacity.sample_lengths(slow, n)
+    with _compiles() as compiles:
+        again = capacity.sample_lengths(fast, n)
+    assert compiles == [], compiles
+    np.testing.assert_array_equal(again[0], drawn[0])
+    np.testing.assert_array_equal(again[1], drawn[1])
+    assert set(drawn[0]) == set(range(1, 41)) and set(drawn[1]) == {7.0}
