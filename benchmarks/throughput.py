@@ -260,7 +260,7 @@ def kernels_per_decision(scenario: str, settings: dict, router: str = "round-rob
     engine.clear_compiled()
     rollout(cfg, params, rule, [0, 1], threads=1)  # compiles
     names = set()
-    for compiled in engine._EPISODE.values():
+    for compiled in engine.compiled_episodes():
         names |= set(re.findall(r"^\s*(?:ROOT )?%([\w.\-]+) = ", compiled.as_text(), re.M))
     with tempfile.TemporaryDirectory() as folder:
         jax.profiler.start_trace(folder, create_perfetto_trace=True)

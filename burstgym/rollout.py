@@ -139,6 +139,12 @@ _EPISODE: dict[Any, Any] = {}
 _RESET: dict[Any, Any] = {}
 
 
+def compiled_episodes() -> list[Any]:
+    """The episodes compiled so far in this process (`jax.stages.Compiled`), to read their
+    programs (`as_text()`, `memory_analysis()`); `clear_compiled` empties the list."""
+    return list(_EPISODE.values())
+
+
 def clear_compiled() -> None:
     """Forget every compiled reset and episode of this module and JAX's own compilation caches.
     Each compiled XLA:CPU program holds memory mappings of its own, and Linux limits a process to

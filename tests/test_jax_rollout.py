@@ -350,3 +350,17 @@ def test_learned_policy_in_the_jax_engine_equals_its_step_by_step_episodes(sb3_p
     again = jax_rollout.rollout(rollout.cfg, rollout.params, [other, sampled, jax_rule(rr)], seeds)
     assert again.compile_s == 0.0
     assert not np.array_equal(again.e2e[:2], fast["learned"].e2e, equal_nan=True)
+
+
+def test_compiled_episodes_lists_each_configuration_once():
+    from burstgym import rollout as jax_rollout
+    from burstgym import scenarios
+
+    cfg, params = scenarios.make("bursty", episode_length=7)  # a length no other test compiles
+    before = len(jax_rollout.compiled_episodes())
+    first = jax_rollout.rollout(cfg, params, [make_rule("round-robin")], [0], threads=1)
+    programs = jax_rollout.compiled_episodes()
+    assert len(programs) == before + 1 and first.compile_s > 0
+    assert "while" in programs[-1].as_text()  # the episode's scan, readable as HLO
+    again = jax_rollout.rollout(cfg, params, [make_rule("round-robin")], [1], threads=1)
+    assert again.compile_s == 0.0 and len(jax_rollout.compiled_episodes()) == before + 1
