@@ -109,7 +109,13 @@ def slot_chunks(requests: Requests, req: jax.Array, chunk_tokens: int, block_siz
     end = jnp.minimum(start + chunk_tokens, requests.id_tokens[row][:, None])
     ids = jnp.where(end > start, ids, -1)
     tokens = jnp.where(ids >= 0, end - start, 0).astype(jnp.int32)
-    return Chunks(ids, end, ceil_div(tokens, block_size).astype(jnp.int32), tokens)
+    # Every chunk holds `chunk_tokens` tokens but a request's last, which may hold fewer: one
+    # division per node and one per slot instead of one per (slot, chunk) pair (integer division
+    # has no vector instruction on CPUs; docs/performance.md, "Where the time of a step goes").
+    full = ceil_div(chunk_tokens, block_size)
+    last = ceil_div(jnp.where(tokens < chunk_tokens, tokens, 0).max(axis=-1), block_size)
+    blocks = jnp.where(tokens == chunk_tokens, full, last[:, None])
+    return Chunks(ids, end, jnp.where(tokens > 0, blocks, 0).astype(jnp.int32), tokens)
 
 
 def locate(cache: PrefixCache, ids: jax.Array) -> jax.Array:
