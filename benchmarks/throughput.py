@@ -241,12 +241,60 @@ def profile_step(
     return rows + [(name, per_step(f)) for name, f in narrow]
 
 
-def kernels_per_decision(scenario: str, settings: dict, router: str = "round-robin") -> tuple[float, list]:
+def instruction_sources(hlo: str) -> dict[str, tuple[str, str, str]]:
+    """Each instruction of a compiled program's HLO text: (opcode, shape, the innermost line of
+    burstgym/ or agents/ that made it, from the program's stack-frame tables; "?" if none)."""
+    import re
+
+    tables: dict[str, dict[int, str]] = {}
+    section = None
+    found = {}
+    for line in hlo.splitlines():
+        if line in ("FileNames", "FunctionNames", "FileLocations", "StackFrames"):
+            section = line
+            tables[section] = {}
+            continue
+        row = re.match(r"^(\d+) (.*)$", line)
+        if section and row:
+            tables[section][int(row.group(1))] = row.group(2)
+            continue
+        m = re.match(r"^\s*(?:ROOT )?%([\w.\-]+) = (.*?) ([a-z][\w\-]*)\(", line)
+        if m:
+            frame = re.search(r"stack_frame_id=(\d+)", line)
+            found[m.group(1)] = (m.group(3), m.group(2), int(frame.group(1)) if frame else 0)
+
+    def field(entry: str, name: str) -> int:
+        return int(re.search(rf"{name}=(\d+)", entry).group(1))
+
+    def where(frame: int) -> str:
+        seen = set()
+        while frame in tables.get("StackFrames", {}) and frame not in seen:
+            seen.add(frame)
+            entry = tables["StackFrames"][frame]
+            loc = tables["FileLocations"][field(entry, "file_location_id")]
+            path = tables["FileNames"][field(loc, "file_name_id")].strip('"')
+            parts = path.replace("\\", "/").split("/")
+            if "burstgym" in parts[:-1] or "agents" in parts[:-1]:
+                function = tables["FunctionNames"][field(loc, "function_name_id")].strip('"')
+                package = "burstgym" if "burstgym" in parts[:-1] else "agents"
+                relative = "/".join(parts[len(parts) - parts[::-1].index(package) - 1 :])
+                return f"{relative}:{field(loc, 'line')} {function.split('.')[-1]}"
+            frame = field(entry, "parent_frame_id")
+        return "?"
+
+    return {name: (op, shape, where(frame)) for name, (op, shape, frame) in found.items()}
+
+
+def kernels_per_decision(
+    scenario: str, settings: dict, router: str = "round-robin"
+) -> tuple[float, list, list]:
     """XLA kernels (fusions, copies, scatters, reduce-windows...) the compiled episode runs per
     routing decision: two clusters in one thread, traced by `jax.profiler`, each trace event named
     after an instruction of the compiled program counted once. Returns (kernels per decision, the
-    ten most run kinds with their count per decision). A step's CPU time follows this count, as
-    each kernel costs a fraction of a microsecond whatever its size."""
+    ten most run kinds with their count per decision, the ten kernels with the most traced time
+    per decision, each as (microseconds, runs, instruction, shape, source line)). The traced times
+    include the profiler's own cost per kernel, so they rank kernels rather than time a step; the
+    source line is the innermost one of burstgym/ or agents/ that made the instruction."""
     import collections
     import glob
     import gzip
@@ -259,9 +307,9 @@ def kernels_per_decision(scenario: str, settings: dict, router: str = "round-rob
     rule = [make_rule(router)]
     engine.clear_compiled()
     rollout(cfg, params, rule, [0, 1], threads=1)  # compiles
-    names = set()
+    sources = {}
     for compiled in engine.compiled_episodes():
-        names |= set(re.findall(r"^\s*(?:ROOT )?%([\w.\-]+) = ", compiled.as_text(), re.M))
+        sources.update(instruction_sources(compiled.as_text()))
     with tempfile.TemporaryDirectory() as folder:
         jax.profiler.start_trace(folder, create_perfetto_trace=True)
         done = rollout(cfg, params, rule, [2, 3], threads=1)
@@ -270,11 +318,20 @@ def kernels_per_decision(scenario: str, settings: dict, router: str = "round-rob
         with gzip.open(path) as f:
             trace = json.load(f)
     events = trace["traceEvents"] if isinstance(trace, dict) else trace
-    kinds = collections.Counter(
-        re.sub(r"[.\d]+$", "", e["name"]) for e in events if e.get("ph") == "X" and e.get("name") in names
-    )
+    runs = [e for e in events if e.get("ph") == "X" and e.get("name") in sources]
+    kinds = collections.Counter(re.sub(r"[.\d]+$", "", e["name"]) for e in runs)
+    # loops, branches and calls contain other kernels: their time is their kernels'
+    leaves = [e for e in runs if sources[e["name"]][0] not in ("while", "conditional", "call")]
+    spent = collections.Counter()
+    for e in leaves:
+        spent[e["name"]] += float(e.get("dur", 0.0))
+    count = collections.Counter(e["name"] for e in leaves)
     decisions = done.ttft.size
-    return sum(kinds.values()) / decisions, [(k, n / decisions) for k, n in kinds.most_common(10)]
+    hottest = [
+        (us / decisions, count[name] / decisions, name, sources[name][1], sources[name][2])
+        for name, us in spent.most_common(10)
+    ]
+    return sum(kinds.values()) / decisions, [(k, n / decisions) for k, n in kinds.most_common(10)], hottest
 
 
 def device_name() -> str:
@@ -330,13 +387,16 @@ def main() -> None:
         ap.error(str(e))
     if args.kernels:
         settings = {"episode_length": args.episode_length, **extra}
-        per, kinds = kernels_per_decision(args.scenario, settings)
+        per, kinds, hottest = kernels_per_decision(args.scenario, settings)
         print(
             f"{args.scenario}: {per:.1f} XLA kernels per routing decision, "
             f"episode_length {args.episode_length}"
         )
         for kind, n in kinds:
             print(f"  {kind:40s} {n:7.1f}")
+        print("kernels with the most traced time (us and runs per decision; the profiler's cost included):")
+        for us, n, name, shape, where in hottest:
+            print(f"  {us:7.2f} {n:5.1f}  {name[:32]:32s} {shape[:32]:32s} {where}")
         return
     if args.profile:
         settings = {"episode_length": args.episode_length, **extra}

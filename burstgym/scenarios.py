@@ -84,7 +84,7 @@ class Settings:
     padding: bool = True  # dynamic: pad prompts to the batch's longest, finished rows stay (static batching)
     queue_capacity: int = 64  # waiting requests per node beyond which arrivals are dropped
     slots: int | None = None  # requests a node's table holds; None: all it can hold
-    slot_widths: tuple[int, ...] = (32, 128)  # narrower tables a step may run at (burstgym.env); () none
+    slot_widths: tuple[int, ...] = (32, 64, 128)  # narrower tables a step may run at (burstgym.env); () none
     chunk_widths: tuple[int, ...] = (
         128,
     )  # fewer chunks per request a step may run at (burstgym.env); () none

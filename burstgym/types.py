@@ -47,7 +47,7 @@ class EnvConfig:
     end: str = "drain"  # "drain": the last step serves everyone (termination); "cut": stop (truncation)
     slots: int = 128  # S, requests a node can hold; more raises a slot-overflow error
     # Narrower slot tables a step may run at (burstgym.env, "Slot widths"); () runs every step at S.
-    slot_widths: tuple[int, ...] = (32, 128)
+    slot_widths: tuple[int, ...] = (32, 64, 128)
     # Fewer prefix chunks per request a step may run at, on the narrowest slot tables
     # (burstgym.env, "Chunk widths"); () runs every step at the stream's B.
     chunk_widths: tuple[int, ...] = (128,)
