@@ -67,8 +67,9 @@ TIGHT_SHARED_PREFIX = dict(
 
 
 def load_script(name: str):
-    """The repository's script `name`.py (train, evaluate) as a module, for tests that call its main."""
-    spec = importlib.util.spec_from_file_location(f"_{name}", ROOT / f"{name}.py")
+    """The repository's script `name`.py (train, evaluate, benchmarks/throughput) as a module, for
+    tests that call its functions."""
+    spec = importlib.util.spec_from_file_location(f"_{Path(name).name}", ROOT / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses defined in the script look their module up
     spec.loader.exec_module(module)

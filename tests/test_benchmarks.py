@@ -2,28 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import jax
 import jax.numpy as jnp
+from conftest import load_script
 
 from burstgym import prefix_cache
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _throughput():
-    spec = importlib.util.spec_from_file_location("throughput", ROOT / "benchmarks" / "throughput.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_kernels_are_named_after_the_source_line_that_made_them():
     a = jnp.arange(8, dtype=jnp.int32)
     hlo = jax.jit(prefix_cache.ceil_div).lower(a, a + 1).compile().as_text()
-    sources = _throughput().instruction_sources(hlo)
+    sources = load_script("benchmarks/throughput").instruction_sources(hlo)
     divides = [where for op, _, where in sources.values() if op == "divide"]
     line = prefix_cache.ceil_div.__code__.co_firstlineno + 2  # the body after the docstring
     assert divides and set(divides) == {f"burstgym/prefix_cache.py:{line} ceil_div"}
