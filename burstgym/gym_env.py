@@ -78,6 +78,9 @@ def batched_step_fn(core: BurstBalance):
         return core.batched_step
 
     def step(states, actions, params):
+        if actions.shape[0] == 1:  # one cluster: no loop to slice it out of and write it back to
+            out = core.step(jax.tree.map(lambda x: x[0], states), actions[0], params)
+            return jax.tree.map(lambda x: x[None], out)
         return jax.lax.map(lambda sa: core.step(sa[0], sa[1], params), (states, actions))
 
     return step
