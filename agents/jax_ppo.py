@@ -769,7 +769,7 @@ class JaxPolicyRouter:
 
     def _build(self) -> None:
         self._key = jax.random.key(self.seed)
-        self._act = jax.jit(self._act_fn)
+        self._act = jit(self._act_fn)
 
     def __getstate__(self) -> dict[str, Any]:  # picklable (Ray tasks): arrays and settings only
         keep = ("params", "stats", "n_nodes", "hidden", "name", "deterministic", "seed")

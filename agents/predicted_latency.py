@@ -62,6 +62,7 @@ from agents.routers.index import empty as empty_index
 from agents.routers.index import matched as index_matched
 from agents.routers.index import record
 from agents.routers.llm_d import LLMD
+from burstgym.compile_cache import jit
 from burstgym.env import BurstBalance
 from burstgym.observation import RouterView
 from burstgym.types import DONE, RUNNING, EnvConfig, EnvParams, State
@@ -571,8 +572,8 @@ class StreamedRouter:
     def __init__(self, rule: PredictedLatency, n_nodes: int):
         self.rule, self.n_nodes = rule, n_nodes
         self.name, self.family, self.seed = rule.name, rule.family, rule.seed
-        self._act = jax.jit(jax.vmap(rule.act_streamed))
-        self._init = jax.jit(jax.vmap(lambda s: rule.init(n_nodes, stream=s)))
+        self._act = jit(jax.vmap(rule.act_streamed))
+        self._init = jit(jax.vmap(lambda s: rule.init(n_nodes, stream=s)))
         self.reset(1)
 
     def reset(self, n_envs: int, streams: Any = None) -> None:

@@ -84,8 +84,8 @@ def _shared_fns(cfg: EnvConfig):
         core = BurstBalance(cfg)
         _SHARED[key] = (
             jit(functools.partial(step_clusters, core, one_at_a_time=jax.default_backend() == "cpu")),
-            jax.jit(jax.vmap(core.metrics)),
-            jax.jit(jax.vmap(core.view)),
+            jit(jax.vmap(core.metrics)),
+            jit(jax.vmap(core.view)),
         )
     return _SHARED[key]
 

@@ -20,13 +20,20 @@ add about 1 MB to the folder. JAX keys each entry by the program, the JAX and XL
 compile options and the device, so a stale entry is never used; the folder can be deleted at
 any time. See JAX's "Persistent compilation cache" (https://docs.jax.dev/en/latest/persistent_compilation_cache.html).
 
-`jit` is `jax.jit` with `COMPILER_OPTIONS`, used for the core's stepping programs (the rollout
-engine's episodes, the environments' steps, the JAX learner). XLA:CPU's copy insertion then uses
-its region-based live-range analysis, which proves more of the copies around `while` and `cond`
-carries unneeded: the compiled `prefix` step holds 476 copies instead of 533, `bursty`'s 251
-instead of 293. Copies do not change values, so results are bit-identical; the option is
-per-program, so the user's own JAX programs in the same process are untouched. Measured in
-docs/performance.md ("Compiling").
+`jit` is `jax.jit` with `COMPILER_OPTIONS`, used for the core's programs (the rollout engine's
+episodes, the environments' steps and metrics, the JAX learner). Two options, both per program,
+so the user's own JAX programs in the same process are untouched (docs/performance.md,
+"Compiling"):
+- XLA:CPU's copy insertion uses its region-based live-range analysis, which proves more of the
+  copies around `while` and `cond` carries unneeded: the compiled `prefix` step holds 476 copies
+  instead of 533, `bursty`'s 251 instead of 293. Copies do not change values.
+- XLA's tree-reduction rewrite is off. On CPU it splits every reduction of more than 32 elements
+  into a `reduce-window` over blocks of 32 and a reduction of the blocks: two kernels, the first
+  of which nothing fuses with, for each `any`, `sum` or `max` over a node's slot-by-chunk table.
+  A `prefix` episode's program holds 67 `reduce-window`s instead of 467. Integer and boolean
+  reductions give the same values in any order; a float sum of more than 32 terms may round
+  differently than with the rewrite, the same in every program compiled with these options (the
+  engines agree bit for bit, tests/test_jax_rollout.py).
 """
 
 from __future__ import annotations
@@ -43,7 +50,10 @@ OFF = ("off", "0", "false", "no", "none")
 # (see the module docstring).
 MIN_COMPILE_SECONDS = 0.0
 # XLA debug options the core's programs compile with (see the module docstring).
-COMPILER_OPTIONS = {"xla_cpu_copy_insertion_use_region_analysis": True}
+COMPILER_OPTIONS = {
+    "xla_cpu_copy_insertion_use_region_analysis": True,
+    "xla_disable_hlo_passes": "tree_reduction_rewriter",
+}
 
 
 def default_dir() -> Path:

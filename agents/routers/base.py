@@ -20,6 +20,7 @@ import numpy as np
 from agents.routers.index import IndexSpec, held_tokens, record
 from agents.routers.index import empty as empty_index
 from agents.routers.index import matched as index_matched
+from burstgym.compile_cache import jit
 from burstgym.observation import RouterView
 
 
@@ -126,8 +127,8 @@ class BatchedRouter:
             raise ValueError(f"router {rule.name!r} reads the cluster's state: run it in the JAX engine")
         self.rule, self.n_nodes = rule, n_nodes
         self.name, self.family, self.seed = rule.name, rule.family, rule.seed
-        self._act = jax.jit(jax.vmap(rule.act))
-        self._init = jax.jit(jax.vmap(lambda s: rule.init(n_nodes, stream=s)))
+        self._act = jit(jax.vmap(rule.act))
+        self._init = jit(jax.vmap(lambda s: rule.init(n_nodes, stream=s)))
         self.reset(1)
 
     def reset(self, n_envs: int, streams: Any = None) -> None:
