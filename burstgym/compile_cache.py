@@ -30,7 +30,7 @@ so the user's own JAX programs in the same process are untouched (docs/performan
 - XLA's tree-reduction rewrite is off. On CPU it splits every reduction of more than 32 elements
   into a `reduce-window` over blocks of 32 and a reduction of the blocks: two kernels, the first
   of which nothing fuses with, for each `any`, `sum` or `max` over a node's slot-by-chunk table.
-  A `prefix` episode's program holds 67 `reduce-window`s instead of 467. Integer and boolean
+  The JAX learner's compiled `prefix` rollout holds 67 `reduce-window`s instead of 467. Integer and boolean
   reductions give the same values in any order; a float sum of more than 32 terms may round
   differently than with the rewrite, the same in every program compiled with these options (the
   engines agree bit for bit, tests/test_jax_rollout.py).

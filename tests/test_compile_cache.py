@@ -96,7 +96,8 @@ def test_core_programs_compile_with_fewer_copies_and_reductions_and_the_same_res
     """`compile_cache.jit` (the core's programs) compiles the step with XLA's region-based copy
     insertion and without its tree-reduction rewrite: fewer copies and `reduce-window` kernels
     than plain `jax.jit`, and bit-identical states and rewards over this episode (a copy never
-    changes a value; the step's large reductions are of integers and booleans)."""
+    changes a value; without the rewrite only a float sum of more than 32 terms may round
+    differently, and none does here)."""
     cfg, params = scenarios.make("prefix", episode_length=16, slot_widths=[], chunk_widths=[])
     core = BurstBalance(cfg)
     _, state = core.reset(jax.random.key(3), params)
