@@ -10,7 +10,8 @@ docs/semantics.md, "Objective"). Times are relative to the current arrival.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -66,6 +67,15 @@ def _bcast(mask: jax.Array, x: jax.Array) -> jax.Array:
 def tree_where(mask: jax.Array, a, b):
     """Take pytree `a` where mask[i] else `b`, along the leading axis of every leaf ([N] or [B])."""
     return jax.tree.map(lambda x, y: jnp.where(_bcast(mask, x), x, y), a, b)
+
+
+def map_clusters(fn: Callable, xs: Any) -> Any:
+    """`jax.lax.map(fn, xs)`: `fn` on one cluster after another along the leading axis of `xs`'s
+    leaves. A batch of one calls `fn` directly: a loop around one cluster would slice each of its
+    fields out of the batch and write it back on every call."""
+    if jax.tree.leaves(xs)[0].shape[0] == 1:
+        return jax.tree.map(lambda x: x[None], fn(jax.tree.map(lambda x: x[0], xs)))
+    return jax.lax.map(fn, xs)
 
 
 def node_configs(nodes: NodeParams) -> scheduler.NodeConfig:

@@ -24,6 +24,7 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
 from burstgym import scenarios
+from burstgym.cluster import map_clusters
 from burstgym.compile_cache import jit
 from burstgym.env import BurstBalance
 from burstgym.metrics import to_python
@@ -69,19 +70,16 @@ def compiled(cfg: EnvConfig) -> tuple[BurstBalance, dict[str, Any]]:
 
 def batched_step_fn(core: BurstBalance):
     """(states, actions, params) -> the step with auto-reset of a batch of clusters (the vector env's,
-    the JAX learner's): on CPU the clusters one after another in one call
-    (`lax.map` over `core.step`), since a vmapped step runs every cluster's event loop for as long
-    as the busiest cluster needs (2.8x fewer decisions/s on 128 `prefix` clusters,
+    the JAX learner's): on CPU the clusters one after another in one call (`map_clusters` over
+    `core.step`), since a vmapped step runs every cluster's event loop for as long as the
+    busiest cluster needs (2.8x fewer decisions/s on 128 `prefix` clusters,
     docs/performance.md); elsewhere vmapped (`core.batched_step`). The infos agree where a
     consumer reads them (`metrics` only where an episode ended)."""
     if jax.default_backend() != "cpu":
         return core.batched_step
 
     def step(states, actions, params):
-        if actions.shape[0] == 1:  # one cluster: no loop to slice it out of and write it back to
-            out = core.step(jax.tree.map(lambda x: x[0], states), actions[0], params)
-            return jax.tree.map(lambda x: x[None], out)
-        return jax.lax.map(lambda sa: core.step(sa[0], sa[1], params), (states, actions))
+        return map_clusters(lambda sa: core.step(sa[0], sa[1], params), (states, actions))
 
     return step
 

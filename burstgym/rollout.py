@@ -58,6 +58,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from burstgym import routing
+from burstgym.cluster import map_clusters
 from burstgym.compile_cache import jit
 from burstgym.env import BurstBalance
 from burstgym.gym_env import check_error
@@ -180,17 +181,9 @@ def step_clusters(
     parameters are never broadcast: every program divides exactly, and both rollouts agree bit
     for bit.
     """
-    n = actions.shape[0]
-    if not one_at_a_time and n > 1:
+    if not one_at_a_time and actions.shape[0] > 1:
         return core.batched_step_env(states, actions, params, per_cluster=True)
-
-    def one(args):
-        return core.step_env(*args)
-
-    if n == 1:
-        out = one(jax.tree.map(lambda x: x[0], (states, actions, params)))
-        return jax.tree.map(lambda x: x[None], out)
-    return jax.lax.map(one, (states, actions, params))
+    return map_clusters(lambda args: core.step_env(*args), (states, actions, params))
 
 
 def chunk_size(n_clusters: int, target: int) -> int:
