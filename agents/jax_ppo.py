@@ -385,7 +385,16 @@ class JaxPPO:
     def update(self) -> dict[str, float]:
         """One rollout and its PPO update; returns the logs (SB3's `train/...` names, episode
         returns and serving metrics of the episodes that ended in the rollout)."""
-        runner, rollout = self._in_parts("rollout", self._rollout, self.train_state, self.stats)
+        return self.learn(*self.collect())
+
+    def collect(self) -> tuple[Runner, Any]:
+        """`n_steps` steps of every cluster under the current policy: the clusters' runner after
+        them and the rollout (transitions, raw observations, returns, metrics, errors), not yet
+        learned from; `learn` takes both. `update` is the two in a row; apart, each can be timed."""
+        return self._in_parts("rollout", self._rollout, self.train_state, self.stats)
+
+    def learn(self, runner: Runner, rollout: Any) -> dict[str, float]:
+        """The PPO update on a rollout that `collect` returned, and its logs (`update`)."""
         learn = self._jit("learn", self._learn_fn)
         self.train_state, self.stats, self.runner, logs = learn(self.train_state, self.stats, runner, rollout)
         logs = jax.device_get(logs)

@@ -1,7 +1,8 @@
 """PPO training steps/s: SB3's PPO (on the JAX-fed `JaxVecEnv`) against the JAX learner
 (`agents.jax_ppo`) in one run, on the same scenario, clusters, episode length and
 hyperparameters (`agents/hyperparams.yml`), the same node-scoring policy. Each side runs one
-warm-up rollout and update first (JIT compile, reported apart), then `--rollouts` timed ones.
+warm-up rollout and update first (JIT compile, reported apart), then `--rollouts` timed ones; the
+JAX learner's rollouts and updates are also timed apart (`rollout_s`, `update_s`).
 
     python benchmarks/training.py --scenario prefix --n-envs 128 --rollouts 4 --json ppo.json
 """
@@ -46,7 +47,8 @@ def sb3_rate(scenario: str, n_envs: int, episode_length: int, rollouts: int, ent
 
 
 def jax_rate(scenario: str, n_envs: int, episode_length: int, rollouts: int, entry: dict) -> dict:
-    """The JAX learner: seconds of the first update (compile and run), then steps/s of `rollouts` more."""
+    """The JAX learner: seconds of the first update (compile and run), then steps/s of `rollouts`
+    more, and the seconds of their rollouts (`JaxPPO.collect`) and updates (`JaxPPO.learn`) apart."""
     cfg, params = scenarios.make(scenario, episode_length=episode_length)
     ppo = PPOConfig.from_entry(entry)
     learner = JaxPPO(cfg, params, ppo, n_envs, n_envs * ppo.n_steps * (rollouts + 1))
@@ -54,15 +56,21 @@ def jax_rate(scenario: str, n_envs: int, episode_length: int, rollouts: int, ent
     learner.setup(0)
     learner.update()
     warm = time.perf_counter() - start
-    start = time.perf_counter()
+    collect = learn = 0.0
     for _ in range(rollouts):
-        learner.update()
-    run = time.perf_counter() - start
+        start = time.perf_counter()
+        rollout = jax.block_until_ready(learner.collect())
+        middle = time.perf_counter()
+        learner.learn(*rollout)  # returns host floats: it has finished
+        collect += middle - start
+        learn += time.perf_counter() - middle
     return {
         "learner": "jax-ppo",
         "warmup_s": round(warm, 2),
         "steps": n_envs * ppo.n_steps * rollouts,
-        "seconds": run,
+        "seconds": collect + learn,
+        "rollout_s": round(collect, 3),
+        "update_s": round(learn, 3),
     }
 
 
@@ -84,8 +92,15 @@ def main() -> None:
         row["steps_per_s"] = round(row["steps"] / row["seconds"], 1)
         row["seconds"] = round(row["seconds"], 2)
         rows.append(row)
+        parts = ""
+        if "rollout_s" in row:
+            row["rollout_steps_per_s"] = round(row["steps"] / row["rollout_s"], 1)
+            parts = (
+                f"; rollouts {row['rollout_s']} s ({row['rollout_steps_per_s']} steps/s), "
+                f"updates {row['update_s']} s"
+            )
         print(
-            f"{name}: {row['steps_per_s']} steps/s ({row['steps']} steps in {row['seconds']} s; "
+            f"{name}: {row['steps_per_s']} steps/s ({row['steps']} steps in {row['seconds']} s{parts}; "
             f"warm-up {row['warmup_s']} s)"
         )
     out = {
