@@ -57,12 +57,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from agents.routers.base import CACHE_VIEWS
+from agents.routers.base import CACHE_VIEWS, BatchedRouter
 from agents.routers.index import empty as empty_index
 from agents.routers.index import matched as index_matched
 from agents.routers.index import record
 from agents.routers.llm_d import LLMD
-from burstgym.compile_cache import jit
 from burstgym.env import BurstBalance
 from burstgym.observation import RouterView
 from burstgym.types import DONE, RUNNING, EnvConfig, EnvParams, State
@@ -562,7 +561,7 @@ class PredictedLatency:
         return action, state
 
 
-class StreamedRouter:
+class StreamedRouter(BatchedRouter):
     """A `PredictedLatency` router over a batch of clusters, step by step in NumPy (the face a
     gateway or a Python user drives): `reset(n_envs)`, then `router(obs, mask, view, seen)` with
     `view` a batched `RouterView` and `seen` the batched `Streamed` observations of each cluster's
@@ -570,27 +569,10 @@ class StreamedRouter:
     of its response streams). `jit(vmap(rule.act_streamed))`, the rule the engine runs."""
 
     def __init__(self, rule: PredictedLatency, n_nodes: int):
-        self.rule, self.n_nodes = rule, n_nodes
-        self.name, self.family, self.seed = rule.name, rule.family, rule.seed
-        self._act = jit(jax.vmap(rule.act_streamed))
-        self._init = jit(jax.vmap(lambda s: rule.init(n_nodes, stream=s)))
-        self.reset(1)
-
-    def reset(self, n_envs: int, streams: Any = None) -> None:
-        """Start a fresh batch of `n_envs` episodes, drawing from `streams` ([n_envs] integers)."""
-        streams = np.arange(n_envs) if streams is None else np.asarray(streams)
-        if streams.shape != (n_envs,):
-            raise ValueError(f"{streams.shape[0]} streams for {n_envs} environments")
-        self.n_envs = n_envs
-        self.state = self._init(jnp.asarray(streams, dtype=jnp.uint32))
+        super().__init__(rule, n_nodes, act=rule.act_streamed)
 
     def __call__(self, obs: Any, mask: np.ndarray | None, view: RouterView, seen: Streamed) -> np.ndarray:
-        b = np.shape(view.running)[0]
-        if b != self.n_envs:
-            raise ValueError(f"a batch of {b} views for a router reset for {self.n_envs} environments")
-        mask = np.ones((b, self.n_nodes), dtype=bool) if mask is None else np.asarray(mask, dtype=bool)
-        actions, self.state = self._act(self.state, view, mask, seen)
-        return np.asarray(actions).astype(np.int64)
+        return super().__call__(obs, mask, view, seen)
 
 
 def warm_samples(

@@ -200,7 +200,10 @@ def test_fit_serving_fits_only_what_one_tp_degree_determines(tmp_path: Path) -> 
             "phase,batch_size,context_tokens,time_ms\ndecode,2.5,512,10\n",
             r"bad.csv: line 2: column 'batch_size': must be a positive integer, got '2.5'",
         ),
-        ("phase,batch_size,context_tokens,time_ms\ndecode,2,512\n", r"bad.csv: line 2: expected 4 columns"),
+        (
+            "phase,batch_size,context_tokens,time_ms\ndecode,2,512\n",
+            r"bad.csv: line 2: 3 fields, the header has 4",
+        ),
         ("phase,batch_size,context_tokens,time_ms\n", r"bad.csv: no measurement rows"),
         (
             "phase,batch_size,context_tokens,time_ms,tp\ndecode,2,512,10,3\n",

@@ -272,7 +272,7 @@ def test_bad_gateway_csv_names_file_line_and_field(line: str, message: str, tmp_
     with pytest.raises(ValueError, match="gw.csv: " + message.replace("(", r"\(").replace(")", r"\)")):
         read_log(path, "gateway-csv")
     path.write_text("start_time,prompt_tokens,completion_tokens,ttft_ms\n")
-    with pytest.raises(ValueError, match="header lacks column 'duration_ms'"):
+    with pytest.raises(ValueError, match="line 1: missing column 'duration_ms'"):
         read_log(path, "gateway-csv")
 
 

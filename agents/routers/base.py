@@ -10,6 +10,7 @@ clusters: `jit(vmap(rule.act))` over the batch, never a second implementation.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple
 
@@ -120,14 +121,17 @@ class BatchedRouter:
 
     :param rule: the JAX rule (`agents.routers`), also `self.rule` for the rollout engine.
     :param n_nodes: nodes per cluster.
+    :param act: the rule's function to run in place of `rule.act`, for a rule that reads more of
+        the cluster than its view (`reads_state`): `act(state, view, mask, *more)`, `more` what
+        each call passes after the view (`agents.predicted_latency.StreamedRouter`).
     """
 
-    def __init__(self, rule: Rule, n_nodes: int):
-        if getattr(rule, "reads_state", False):
+    def __init__(self, rule: Rule, n_nodes: int, act: Callable | None = None):
+        if act is None and getattr(rule, "reads_state", False):
             raise ValueError(f"router {rule.name!r} reads the cluster's state: run it in the JAX engine")
         self.rule, self.n_nodes = rule, n_nodes
         self.name, self.family, self.seed = rule.name, rule.family, rule.seed
-        self._act = jit(jax.vmap(rule.act))
+        self._act = jit(jax.vmap(rule.act if act is None else act))
         self._init = jit(jax.vmap(lambda s: rule.init(n_nodes, stream=s)))
         self.reset(1)
 
@@ -139,12 +143,12 @@ class BatchedRouter:
         self.n_envs = n_envs
         self.state = self._init(jnp.asarray(streams, dtype=jnp.uint32))
 
-    def __call__(self, obs: Any, mask: np.ndarray | None, view: RouterView) -> np.ndarray:
+    def __call__(self, obs: Any, mask: np.ndarray | None, view: RouterView, *more: Any) -> np.ndarray:
         b = np.shape(view.running)[0]
         if b != self.n_envs:
             raise ValueError(f"a batch of {b} views for a router reset for {self.n_envs} environments")
         mask = np.ones((b, self.n_nodes), dtype=bool) if mask is None else np.asarray(mask, dtype=bool)
-        actions, self.state = self._act(self.state, view, mask)
+        actions, self.state = self._act(self.state, view, mask, *more)
         return np.asarray(actions).astype(np.int64)
 
 

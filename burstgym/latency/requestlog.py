@@ -20,7 +20,6 @@ the file's list) and the field.
 
 from __future__ import annotations
 
-import csv
 import datetime as dt
 import json
 import math
@@ -29,6 +28,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from burstgym.latency.csvlines import csv_rows
 
 FORMATS = ("inference-sim", "vllm", "inference-perf", "gateway-csv")
 CSV_COLUMNS = ("start_time", "prompt_tokens", "completion_tokens", "ttft_ms", "duration_ms")
@@ -374,32 +375,9 @@ def read_gateway_csv(path: str | Path) -> ServingLog:
     ``prompt_tokens``, ``completion_tokens``, ``ttft_ms`` (time to the first response byte of the
     stream), ``duration_ms`` (to the last byte), optional ``status`` (HTTP code; >= 400 is a failure)
     and ``prefix_group``. Blank lines and lines starting with ``#`` are skipped."""
-    path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"{path}: no such file")
-    try:
-        text = path.read_text()
-    except UnicodeDecodeError:
-        raise ValueError(f"{path}: not a text file") from None
-    header: list[str] | None = None
     cols: dict[str, list] = {k: [] for k in ("sent", "prompt", "output", "ok", "ttft", "e2e", "group")}
     groups: dict[str, int] = {}
-    for lineno, line in enumerate(text.splitlines(), start=1):
-        if not line.strip() or line.lstrip().startswith("#"):
-            continue
-        cells = [c.strip() for c in next(csv.reader([line]))]
-        where = f"{path}: line {lineno}"
-        if header is None:
-            header = [c.lower() for c in cells]
-            missing = [c for c in CSV_COLUMNS if c not in header]
-            if missing:
-                raise ValueError(
-                    f"{where}: header lacks column {missing[0]!r} (needs {', '.join(CSV_COLUMNS)})"
-                )
-            continue
-        if len(cells) != len(header):
-            raise ValueError(f"{where}: {len(cells)} fields, the header has {len(header)}")
-        row = dict(zip(header, cells, strict=True))
+    for where, row in csv_rows(path, CSV_COLUMNS):
 
         def number(col: str, where: str = where, row: dict[str, str] = row) -> float:
             try:
@@ -426,8 +404,6 @@ def read_gateway_csv(path: str | Path) -> ServingLog:
         _check_latencies(where, ttft, e2e)
         cols["ttft"].append(ttft)
         cols["e2e"].append(e2e)
-    if header is None:
-        raise ValueError(f"{path}: empty file (expected a header line)")
     return _finish(
         str(path),
         "gateway-csv",

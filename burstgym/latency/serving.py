@@ -21,7 +21,6 @@ fitted, the others are kept from the base profile's engine, and a profile JSON i
 
 from __future__ import annotations
 
-import csv
 import datetime as dt
 import json
 import math
@@ -31,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from burstgym.latency.csvlines import csv_rows
 from burstgym.latency.engines import DEFAULT_ENGINE, Engine, load_engine
 from burstgym.latency.fit import (
     ENGINE_KEYS,
@@ -65,25 +65,8 @@ def _positive_int(text: str, where: str, column: str) -> int:
 
 def read_serving_csv(path: str | Path, default_tp: int) -> ServingPoints:
     """Parse a measurement CSV (format in the module docstring) into `ServingPoints`."""
-    path = Path(path)
-    if not path.exists():
-        raise ValueError(f"{path}: no such file")
     rows: list[tuple[bool, int, float, int, float]] = []
-    header: list[str] | None = None
-    for lineno, line in enumerate(path.read_text().splitlines(), start=1):
-        if not line.strip() or line.lstrip().startswith("#"):
-            continue
-        cells = [c.strip() for c in next(csv.reader([line]))]
-        where = f"{path}: line {lineno}"
-        if header is None:
-            header = [c.lower() for c in cells]
-            missing = [c for c in REQUIRED if c not in header]
-            if missing:
-                raise ValueError(f"{where}: missing column {missing[0]!r} (found: {', '.join(cells)})")
-            continue
-        if len(cells) != len(header):
-            raise ValueError(f"{where}: expected {len(header)} columns, got {len(cells)}")
-        row = dict(zip(header, cells, strict=True))
+    for where, row in csv_rows(path, REQUIRED):
         phase = row["phase"].lower()
         if phase not in ("prefill", "decode"):
             raise ValueError(f"{where}: column 'phase': expected 'prefill' or 'decode', got {row['phase']!r}")
@@ -99,7 +82,7 @@ def read_serving_csv(path: str | Path, default_tp: int) -> ServingPoints:
             raise ValueError(f"{where}: column 'time_ms': must be positive, got {row['time_ms']!r}")
         tp = _positive_int(row["tp"], where, "tp") if row.get("tp", "") else default_tp
         rows.append((phase == "prefill", batch, tokens, tp, time_ms * 1e-3))
-    if header is None or not rows:
+    if not rows:
         raise ValueError(f"{path}: no measurement rows")
     is_prefill, batch, tokens, tp, time_s = zip(*rows, strict=True)
     return serving_points(is_prefill, batch, tokens, tp, time_s)
