@@ -19,9 +19,10 @@ slots sit at the front of each table at the start of a step (`scheduler.compact`
 at the end of every step), and a step adds at most one request, so a step runs on the first `w`
 slots of every table, for the narrowest `w` in `slot_widths(cfg)` that holds every node's requests
 and the arriving one, and the slots beyond `w` (all free) are left as they were. The width is
-chosen by a `lax.switch` on the state, one branch compiled per width. A batch of clusters runs at
-the width its fullest cluster needs, the switch outside the vmap (a switch on a batched index would
-run every branch).
+chosen on the state, one branch compiled per width, each branch a `lax.cond` that passes the state
+through unless its width is chosen (not one `lax.switch`: see `_at_width`). A batch of clusters runs
+at the width its fullest cluster needs, the choice outside the vmap (a `cond` on a batched
+predicate would run every branch).
 
 Chunk widths: with prefix caching, a slot's chunks are a row of `B` entries, `B` the most chunks any
 request of the stream has (a trace's longest prompt), while most requests have far fewer (the
@@ -29,7 +30,7 @@ Mooncake trace: median 23 of 374). A step on the narrowest slot tables also runs
 chunks of every request, for the narrowest `c` in `chunk_widths(cfg, B)` that holds every chunk of
 the requests in the slots, the arriving one and the next (whose view the step returns); the chunks
 beyond are all absent (-1), so nothing depends on `c` but the cost. Each chunk width is one more
-branch of the same switch (compiled once), on the narrowest slot width only.
+branch (compiled once), on the narrowest slot width only.
 """
 
 from __future__ import annotations
@@ -381,7 +382,18 @@ class BurstBalance:
                 jnp.asarray(narrow_chunks, jnp.int32), needed_chunks(state, self.cfg.chunk_tokens)
             )
             index = jnp.where(index == 0, by_chunks, index + len(narrow_chunks))
-        return jax.lax.switch(index, branches, state)
+        # One `lax.cond` per branch, each passing its input through unless its index is chosen,
+        # rather than one `lax.switch`: the branches of a switch get the same state buffers, XLA
+        # lets one branch update them in place and copies them for the others, in a program that
+        # scans the step inside its event loops at every pass (the prefix cache's [N, H] tables;
+        # docs/performance.md, "Compiling"). A cond whose other branch passes the state through
+        # updates them in place.
+        shapes = jax.eval_shape(branches[0], state)  # the outputs before a branch runs: zeros
+        obs, _, *rest = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes)
+        out = (obs, state, *rest)
+        for k, run in enumerate(branches):
+            out = jax.lax.cond(index == k, lambda o, run=run: run(o[1]), lambda o: o, out)
+        return out
 
     def step_env(
         self, state: State, action: jax.Array, params: EnvParams

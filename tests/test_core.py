@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import BASE, OPTIMIZED, base, rollout, rollout_fn
+from conftest import BASE, OPTIMIZED, TIGHT_SHARED_PREFIX, base, rollout, rollout_fn
 
 from burstgym import scenarios
+from burstgym.compile_cache import jit
 from burstgym.env import BurstBalance, chunk_widths, needed_chunks
 from burstgym.latency import LatencyModel
 from burstgym.reward import objective_from_log
@@ -243,3 +245,31 @@ def test_steps_on_narrow_slot_tables_equal_full_width_steps() -> None:
         np.testing.assert_allclose(getattr(st_n.log, field), getattr(st_w.log, field), rtol=1e-6)
     np.testing.assert_allclose(tr_n["reward"], tr_w["reward"], rtol=1e-5, atol=1e-7)
     np.testing.assert_array_equal(tr_n["cache_kept"], tr_w["cache_kept"])
+
+
+def test_a_scanned_prefix_step_updates_the_cache_tables_in_place() -> None:
+    """The slot-width branches (burstgym.env, "Slot widths") hand the prefix cache's [N, H]
+    tables to the step's event loops without copying them: in a program that scans `step_env`
+    (compiled as the core's programs are, `compile_cache.jit`), no `while` body copies a table.
+    With one `lax.switch` over the widths, XLA copied them at every pass of all but one width's
+    event loop (docs/performance.md, "Compiling")."""
+    cfg, params = scenarios.make("prefix", n_nodes=4, episode_length=16, **TIGHT_SHARED_PREFIX)
+    core = BurstBalance(dataclasses.replace(cfg, slot_widths=(4,)))
+    assert core.widths == (4, cfg.slots)  # the step runs on two slot widths
+    _, state = core.reset(jax.random.key(0), params)
+
+    def run(s):
+        def body(s, _):
+            return core.step_env(s, (s.step % cfg.n_nodes).astype(jnp.int32), params)[1], None
+
+        return jax.lax.scan(body, s, None, length=8)[0]
+
+    text = jit(run).lower(state).compile().as_text()
+    n, h = state.cache.table.key.shape
+    blocks = re.split(r"\n(?=\S.*\{\s*$)", text, flags=re.M)  # one computation each
+    computations = {c.split(" ", 1)[0].lstrip("%"): c for c in blocks}
+    bodies = set(re.findall(r"body=%([\w.\-]+)", text))
+    assert bodies and bodies <= computations.keys()
+    table_copy = re.compile(rf"= \w+\[{n},{h}\]\{{[0-9,]+\}} copy\(")
+    copied = {b: len(table_copy.findall(computations[b])) for b in bodies}
+    assert not any(copied.values()), f"while bodies copying a cache table: {copied}"
