@@ -3,9 +3,13 @@
 round-robin actions, compiled with a plain `jax.jit` (none of burstgym's compiler options). One
 compiling call, then `--repeats` timed calls on the same episode; prints and optionally writes the
 median, the minimum, the compile seconds, the reward sum (to compare versions) and the compiled
-program's `copy` instructions.
+program's `copy` and `reduce-window` instructions. XLA options given through `XLA_FLAGS` apply,
+so the core's compiler options (`burstgym.compile_cache.COMPILER_OPTIONS`) can be measured one by
+one:
 
     python benchmarks/step_scan.py --scenario prefix --function step_env --json scan.json
+    XLA_FLAGS=--xla_cpu_copy_insertion_use_region_analysis=true python benchmarks/step_scan.py
+    XLA_FLAGS=--xla_disable_hlo_passes=tree_reduction_rewriter python benchmarks/step_scan.py
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ def measure(scenario: str, function: str, episode_length: int, repeats: int) -> 
     start = time.perf_counter()
     compiled = jax.jit(run).lower(state).compile()
     compile_s = time.perf_counter() - start
+    hlo = compiled.as_text()
     rewards = jax.block_until_ready(compiled(state))[1]
     times = []
     for _ in range(repeats):
@@ -55,7 +60,8 @@ def measure(scenario: str, function: str, episode_length: int, repeats: int) -> 
         "us_per_step_min": round(min(times), 1),
         "compile_s": round(compile_s, 1),
         "reward_sum": float(rewards.sum()),
-        "copies": len(re.findall(r"= \S+ copy\(", compiled.as_text())),
+        "copies": len(re.findall(r"= \S+ copy\(", hlo)),
+        "reduce_windows": len(re.findall(r"= \S+ reduce-window\(", hlo)),
         "device": jax.default_backend(),
         "jax": jax.__version__,
     }
@@ -78,7 +84,8 @@ def main() -> None:
     print(
         f"{args.scenario} {args.function}: {out['us_per_step_median']} us per step (median of "
         f"{args.repeats}; min {out['us_per_step_min']}), compile {out['compile_s']} s, "
-        f"reward sum {out['reward_sum']:.6g}, {out['copies']} copy instructions"
+        f"reward sum {out['reward_sum']:.6g}, {out['copies']} copy and {out['reduce_windows']} "
+        "reduce-window instructions"
     )
     if args.json:
         with open(args.json, "w") as f:
