@@ -328,6 +328,7 @@ class Routed(NamedTuple):
     nodes: NodeState
     dropped: jax.Array  # [] bool
     error: jax.Array  # [] int32, ERROR_SLOT_OVERFLOW when the node's slot table was full
+    joined: jax.Array  # [N] bool, one-hot of the node whose queue the request joined (none if dropped)
 
 
 def route(
@@ -381,7 +382,8 @@ def route(
         wake_end=jnp.where(wakes, p.wake_delay, nodes.wake_end),
         routed=nodes.routed + on_node,
     )
-    return Routed(slots, nodes, ~accept, jnp.where(overflow, ERROR_SLOT_OVERFLOW, 0).astype(jnp.int32))
+    error = jnp.where(overflow, ERROR_SLOT_OVERFLOW, 0).astype(jnp.int32)
+    return Routed(slots, nodes, ~accept, error, on_node & accept)
 
 
 def would_drop(slots: Slots, params: EnvParams) -> jax.Array:

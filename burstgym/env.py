@@ -271,9 +271,9 @@ class BurstBalance:
         gap = req.arrival[k + 1] - req.arrival[k]
         drain = last & (cfg.end == "drain")
         zero = jnp.zeros(cfg.n_nodes, gap.dtype)
-        # the front-end latency adds to an accepted request's TTFT and e2e: charged when it is routed
-        on_node = (jnp.arange(cfg.n_nodes) == node) & ~r.dropped  # a select XLA fuses, not a scatter
-        lump = jnp.where(on_node, params.nodes.latency.frontend_s.astype(zero.dtype), zero)
+        # the front-end latency adds to an accepted request's TTFT and e2e: charged when it is routed,
+        # through a select XLA fuses rather than a scatter
+        lump = jnp.where(r.joined, params.nodes.latency.frontend_s.astype(zero.dtype), zero)
         acc = Accrual(lump, lump, zero)
         geo = cluster.geometry(r.slots, req, params, cfg)
         c, acc, until, runaway = cluster.advance(
