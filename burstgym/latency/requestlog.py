@@ -23,6 +23,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -165,6 +166,21 @@ _SIM_CONFIG = {
 }
 
 
+def _indexed(records: list, source: Path) -> Iterator[tuple[str, int, dict]]:
+    """Each record of an inference-sim list with where it is (for messages) and its `index` field,
+    refusing a record that is not an object or repeats an index."""
+    seen: set[int] = set()
+    for n, rec in enumerate(records):
+        where = f"{source}: request {n}"
+        if not isinstance(rec, dict):
+            raise ValueError(f"{where}: expected an object")
+        index = _int(rec.get("index"), where, "index", 0)
+        if index in seen:
+            raise ValueError(f"{where}: field 'index': {index} appears twice")
+        seen.add(index)
+        yield where, index, rec
+
+
 def read_inference_sim(path: str | Path, truth: str | Path | None) -> ServingLog:
     """The inference-sim replay format: ``{"config": {...}, "requests": [{"index", "arrival_time_us",
     "input_tokens", "output_tokens", "prefix_group", "has_error"}, ...]}`` plus the measured
@@ -191,13 +207,7 @@ def read_inference_sim(path: str | Path, truth: str | Path | None) -> ServingLog
     if not isinstance(measured, list):
         raise ValueError(f"{truth}: expected a JSON list of per-request latencies")
     by_index: dict[int, tuple[bool, float, float]] = {}
-    for n, rec in enumerate(measured):
-        where = f"{truth}: request {n}"
-        if not isinstance(rec, dict):
-            raise ValueError(f"{where}: expected an object")
-        index = _int(rec.get("index"), where, "index", 0)
-        if index in by_index:
-            raise ValueError(f"{where}: field 'index': {index} appears twice")
+    for where, index, rec in _indexed(measured, truth):
         failed = _bool(rec.get("has_error"), where, "has_error")
         if failed:
             by_index[index] = (False, math.nan, math.nan)
@@ -209,13 +219,7 @@ def read_inference_sim(path: str | Path, truth: str | Path | None) -> ServingLog
     groups: dict[str, int] = {}
     cols: dict[str, list] = {k: [] for k in ("sent", "prompt", "output", "ok", "ttft", "e2e", "group")}
     seen = set()
-    for n, rec in enumerate(requests):
-        where = f"{path}: request {n}"
-        if not isinstance(rec, dict):
-            raise ValueError(f"{where}: expected an object")
-        index = _int(rec.get("index"), where, "index", 0)
-        if index in seen:
-            raise ValueError(f"{where}: field 'index': {index} appears twice")
+    for where, index, rec in _indexed(requests, path):
         seen.add(index)
         if index not in by_index:
             raise ValueError(f"{where}: field 'index': {index} has no entry in {truth}")
