@@ -32,7 +32,7 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from agents.cli import parse_settings  # noqa: E402
-from agents.routers import make_rule  # noqa: E402
+from agents.routers import ROUTERS, make_rule  # noqa: E402
 from burstgym import reference, scenarios  # noqa: E402
 from burstgym.gym_env import BurstBalanceEnv, BurstBalanceVectorEnv  # noqa: E402
 from burstgym.rollout import rollout  # noqa: E402
@@ -342,6 +342,15 @@ def device_name() -> str:
     return f"{d.platform} ({kind}) x{len(jax.devices())}"
 
 
+def chunk_arg(text: str) -> str | int | None:
+    """`--chunk`: "auto", "all" (None: every cluster at once) or a positive number of clusters."""
+    if text in ("auto", "all"):
+        return {"auto": "auto", "all": None}[text]
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected auto, all or a positive number, got {text!r}")
+    return int(text)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--scenario", default="bursty")
@@ -361,8 +370,16 @@ def main() -> None:
         help="time the single Gymnasium environment and the reference simulator (the ratios' bases); "
         "--no-baselines with --batch and no sizes times the JAX rows only",
     )
-    ap.add_argument("--jax-routers", nargs="+", default=["round-robin", "least-tokens"])
-    ap.add_argument("--chunk", default="auto", help="clusters vmapped together (auto, all, or a number)")
+    ap.add_argument(
+        "--jax-routers",
+        nargs="+",
+        default=["round-robin", "least-tokens"],
+        choices=list(ROUTERS),
+        metavar="ROUTER",
+    )
+    ap.add_argument(
+        "--chunk", default="auto", type=chunk_arg, help="clusters vmapped together (auto, all, or a number)"
+    )
     ap.add_argument(
         "--budget-s", type=float, default=180.0, help="skip a JAX size predicted to run longer than this"
     )
@@ -381,10 +398,16 @@ def main() -> None:
         help="scenario settings (e.g. trace=PATH chunk_widths=[])",
     )
     args = ap.parse_args()
+    if any(n < 1 for n in args.batch + args.jax_clusters) or args.episodes < 1 or args.budget_s <= 0:
+        ap.error("--batch and --jax-clusters sizes and --episodes must be positive, --budget-s above 0")
     try:
-        extra = parse_settings(args.set)
-    except ValueError as e:
+        run(args, parse_settings(args.set))
+    except (ValueError, FileNotFoundError) as e:  # a scenario, router or setting refused
         ap.error(str(e))
+
+
+def run(args: argparse.Namespace, extra: dict) -> None:
+    """Time what the command line asks for (`--kernels`, `--profile`, or the rates' table)."""
     if args.kernels:
         settings = {"episode_length": args.episode_length, **extra}
         per, kinds, hottest = kernels_per_decision(args.scenario, settings)
@@ -407,7 +430,7 @@ def main() -> None:
         for name, us in profile_step(args.scenario, settings):
             print(f"  {name:56s} {us:9.1f}")
         return
-    chunk = {"auto": "auto", "all": None}[args.chunk] if args.chunk in ("auto", "all") else int(args.chunk)
+    chunk = args.chunk
     gpu = jax.default_backend() != "cpu" if args.gpu_sizes is None else args.gpu_sizes
     sizes = list(args.jax_clusters) + [g for g in GPU_SIZES if g not in args.jax_clusters]
     settings = {"episode_length": args.episode_length, **extra}

@@ -83,6 +83,16 @@ def main() -> None:
     ap.add_argument("--learners", nargs="+", default=["sb3-ppo", "jax-ppo"], choices=["sb3-ppo", "jax-ppo"])
     ap.add_argument("--json", help="also write the figures to this JSON file")
     args = ap.parse_args()
+    if min(args.n_envs, args.episode_length, args.rollouts) < 1:
+        ap.error("--n-envs, --episode-length and --rollouts must be positive")
+    try:
+        run(args)
+    except (ValueError, FileNotFoundError) as e:  # a scenario or setting refused
+        ap.error(str(e))
+
+
+def run(args: argparse.Namespace) -> None:
+    """Time each learner of the command line; print and optionally write the figures."""
     torch.set_num_threads(1)
     entry = load("ppo", args.scenario)
     fns = {"sb3-ppo": sb3_rate, "jax-ppo": jax_rate}
