@@ -60,6 +60,16 @@ def main() -> None:
     p.add_argument("--episode-length", type=int, default=256)
     p.add_argument("--nodes", type=int, default=4)
     args = p.parse_args()
+    if min(args.seeds, args.episode_length, args.nodes) < 1:
+        p.error("--seeds, --episode-length and --nodes must be positive")
+    try:
+        run(args)
+    except (ValueError, FileNotFoundError) as e:  # a scenario or setting refused
+        p.error(str(e))
+
+
+def run(args: argparse.Namespace) -> None:
+    """Print the error table for the command line's scenarios."""
     print(
         "| scenario | TTFT mean / median error | e2e mean / median error | with its own output: TTFT | e2e |"
     )

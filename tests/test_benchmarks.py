@@ -1,8 +1,10 @@
-"""The benchmark scripts' own logic (their measurements are not tests: docs/performance.md)."""
+"""The measuring scripts' own logic, benchmarks/ and scripts/ (their measurements are not tests:
+docs/performance.md)."""
 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -34,30 +36,55 @@ def test_step_scan_times_a_scanned_episode_and_counts_its_copies():
     "script, argv, message",
     [
         (
-            "throughput",
+            "benchmarks/throughput",
             ["--chunk", "abc"],
             "argument --chunk: expected auto, all or a positive number, got 'abc'",
         ),
-        ("throughput", ["--jax-routers", "nope"], "argument --jax-routers: invalid choice: 'nope'"),
-        ("throughput", ["--batch", "-3"], "--batch and --jax-clusters sizes and --episodes must be positive"),
-        ("throughput", ["--scenario", "nope"], "unknown scenario 'nope'"),
-        ("throughput", ["--set", "slot_widths=[7,x]"], "scenario setting 'slot_widths' must be a tuple"),
         (
-            "throughput",
+            "benchmarks/throughput",
+            ["--jax-routers", "nope"],
+            "argument --jax-routers: invalid choice: 'nope'",
+        ),
+        (
+            "benchmarks/throughput",
+            ["--batch", "-3"],
+            "--batch and --jax-clusters sizes and --episodes must be positive",
+        ),
+        ("benchmarks/throughput", ["--scenario", "nope"], "unknown scenario 'nope'"),
+        (
+            "benchmarks/throughput",
+            ["--set", "slot_widths=[7,x]"],
+            "scenario setting 'slot_widths' must be a tuple",
+        ),
+        (
+            "benchmarks/throughput",
             ["--scenario", "trace", "--set", "trace=/nope.jsonl"],
             "trace file '/nope.jsonl' does not",
         ),
-        ("training", ["--rollouts", "0"], "--n-envs, --episode-length and --rollouts must be positive"),
-        ("training", ["--scenario", "nope"], "unknown scenario 'nope'"),
-        ("step_scan", ["--scenario", "nope"], "unknown scenario 'nope'"),
+        (
+            "benchmarks/training",
+            ["--rollouts", "0"],
+            "--n-envs, --episode-length and --rollouts must be positive",
+        ),
+        ("benchmarks/training", ["--scenario", "nope"], "unknown scenario 'nope'"),
+        ("benchmarks/step_scan", ["--scenario", "nope"], "unknown scenario 'nope'"),
+        (
+            "benchmarks/vec_env",
+            ["--episodes", "0"],
+            "--n-envs, --episode-length and --episodes must be positive",
+        ),
+        ("benchmarks/vec_env", ["--scenario", "nope"], "unknown scenario 'nope'"),
+        ("scripts/marginal_cost_accuracy", ["--seeds", "0"], "--seeds, --episode-length and --nodes must be"),
+        ("scripts/marginal_cost_accuracy", ["--scenarios", "nope"], "unknown scenario 'nope'"),
     ],
 )
-def test_a_benchmark_refuses_bad_input_in_one_line(script, argv, message, monkeypatch, capsys):
-    main = load_script(f"benchmarks/{script}").main
-    monkeypatch.setattr(sys, "argv", [f"{script}.py", *argv])
+def test_a_measuring_script_refuses_bad_input_in_one_line(script, argv, message, monkeypatch, capsys):
+    main = load_script(script).main
+    name = f"{Path(script).name}.py"
+    monkeypatch.setattr(sys, "argv", [name, *argv])
     with pytest.raises(SystemExit) as exit_:
         main()
     assert exit_.value.code == 2
     err = capsys.readouterr().err
     last = err.strip().splitlines()[-1]
-    assert "Traceback" not in err and last.startswith(f"{script}.py: error: ") and message in last, err
+    assert "Traceback" not in err and last.startswith(f"{name}: error: ") and message in last, err

@@ -2,7 +2,7 @@
 `DummyVecEnv` over the single Gymnasium environment (each wrapped in `Monitor`), measured in one
 run on the same scenario, batch size and random actions, after a warm-up episode (JIT compile).
 
-    python -m agents.throughput --n-envs 64 --episode-length 128 --episodes 2
+    python benchmarks/vec_env.py --n-envs 64 --episode-length 128 --episodes 2
 """
 
 from __future__ import annotations
@@ -41,6 +41,16 @@ def main() -> None:
     p.add_argument("--episode-length", type=int, default=128)
     p.add_argument("--episodes", type=int, default=2, help="episodes timed after the warm-up one")
     args = p.parse_args()
+    if min(args.n_envs, args.episode_length, args.episodes) < 1:
+        p.error("--n-envs, --episode-length and --episodes must be positive")
+    try:
+        run(args)
+    except (ValueError, FileNotFoundError) as e:  # a scenario or setting refused
+        p.error(str(e))
+
+
+def run(args: argparse.Namespace) -> None:
+    """Time both vector environments on the command line's scenario and print the rates."""
     length = args.episode_length
     jax_env = JaxVecEnv(args.n_envs, args.scenario, seed=0, episode_length=length)
     jax_rate = steps_per_second(jax_env, args.episodes * length, length)
