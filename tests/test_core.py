@@ -247,6 +247,25 @@ def test_steps_on_narrow_slot_tables_equal_full_width_steps() -> None:
     np.testing.assert_array_equal(tr_n["cache_kept"], tr_w["cache_kept"])
 
 
+def test_the_slot_width_choice_traces_the_step_once_per_width(monkeypatch) -> None:
+    """Compiling a step traces the step's work once per slot width, not once more to learn the
+    outputs' shapes that the chain of conds starts from (burstgym.env, `_at_width`)."""
+    cfg, params = scenarios.make("prefix", n_nodes=4, episode_length=16, **TIGHT_SHARED_PREFIX)
+    core = BurstBalance(dataclasses.replace(cfg, slot_widths=(4, 8)))
+    assert core.widths == (4, 8, cfg.slots)
+    _, state = core.reset(jax.random.key(0), params)
+    traced = []
+    route_advance = BurstBalance._route_advance
+
+    def counting(self, *args):
+        traced.append(args[0].slots.status.shape)
+        return route_advance(self, *args)
+
+    monkeypatch.setattr(BurstBalance, "_route_advance", counting)
+    jax.jit(core.step_env).trace(state, jnp.int32(0), params)
+    assert sorted(shape[-1] for shape in traced) == [4, 8, cfg.slots], traced
+
+
 def test_a_scanned_prefix_step_updates_the_cache_tables_in_place() -> None:
     """The slot-width branches (burstgym.env, "Slot widths") hand the prefix cache's [N, H]
     tables to the step's event loops without copying them: in a program that scans `step_env`
