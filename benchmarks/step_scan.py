@@ -2,10 +2,10 @@
 `jax.lax.scan` of `BurstBalance.step_env` (or `step`, with auto-reset) over one cluster's episode,
 round-robin actions, compiled with a plain `jax.jit` (none of burstgym's compiler options). One
 compiling call, then `--repeats` timed calls on the same episode; prints and optionally writes the
-median, the minimum, the compile seconds, the reward sum (to compare versions) and the compiled
-program's `copy` and `reduce-window` instructions. XLA options given through `XLA_FLAGS` apply,
-so the core's compiler options (`burstgym.compile_cache.COMPILER_OPTIONS`) can be measured one by
-one:
+median, the minimum, the compile seconds (and of them the tracing's), the reward sum (to compare
+versions) and the compiled program's `copy` and `reduce-window` instructions. XLA options given
+through `XLA_FLAGS` apply, so the core's compiler options (`burstgym.compile_cache.COMPILER_OPTIONS`)
+can be measured one by one:
 
     python benchmarks/step_scan.py --scenario prefix --function step_env --json scan.json
     XLA_FLAGS=--xla_cpu_copy_insertion_use_region_analysis=true python benchmarks/step_scan.py
@@ -43,7 +43,9 @@ def measure(scenario: str, function: str, episode_length: int, repeats: int) -> 
 
     _, state = core.reset(jax.random.key(0), params)
     start = time.perf_counter()
-    compiled = jax.jit(run).lower(state).compile()
+    traced = jax.jit(run).trace(state)
+    trace_s = time.perf_counter() - start
+    compiled = traced.lower().compile()
     compile_s = time.perf_counter() - start
     hlo = compiled.as_text()
     rewards = jax.block_until_ready(compiled(state))[1]
@@ -59,6 +61,7 @@ def measure(scenario: str, function: str, episode_length: int, repeats: int) -> 
         "us_per_step_median": round(statistics.median(times), 1),
         "us_per_step_min": round(min(times), 1),
         "compile_s": round(compile_s, 1),
+        "trace_s": round(trace_s, 2),
         "reward_sum": float(rewards.sum()),
         "copies": len(re.findall(r"= \S+ copy\(", hlo)),
         "reduce_windows": len(re.findall(r"= \S+ reduce-window\(", hlo)),
@@ -83,7 +86,8 @@ def main() -> None:
         ap.error(str(e))
     print(
         f"{args.scenario} {args.function}: {out['us_per_step_median']} us per step (median of "
-        f"{args.repeats}; min {out['us_per_step_min']}), compile {out['compile_s']} s, "
+        f"{args.repeats}; min {out['us_per_step_min']}), compile {out['compile_s']} s (tracing "
+        f"{out['trace_s']} s), "
         f"reward sum {out['reward_sum']:.6g}, {out['copies']} copy and {out['reduce_windows']} "
         "reduce-window instructions"
     )

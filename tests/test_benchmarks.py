@@ -27,7 +27,7 @@ def test_kernels_are_named_after_the_source_line_that_made_them():
 def test_step_scan_times_a_scanned_episode_and_counts_its_copies():
     out = load_script("benchmarks/step_scan").measure("bursty", "step", episode_length=8, repeats=2)
     assert out["us_per_step_min"] <= out["us_per_step_median"] and out["us_per_step_min"] > 0
-    assert out["copies"] > 0 and out["reduce_windows"] > 0 and out["compile_s"] >= 0
+    assert out["copies"] > 0 and out["reduce_windows"] > 0 and 0 < out["trace_s"] <= out["compile_s"] + 0.05
     again = load_script("benchmarks/step_scan").measure("bursty", "step", episode_length=8, repeats=1)
     assert again["reward_sum"] == out["reward_sum"]  # the same episode: comparable across versions
 
