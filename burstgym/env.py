@@ -390,7 +390,7 @@ class BurstBalance:
         # updates them in place.
         # The chain starts from zeros shaped as the outputs. The first branch is a jitted function
         # so that its `lax.cond` reuses the trace that gave those shapes instead of tracing the
-        # step once more (~0.5 s of every compile on `prefix`, docs/performance.md, "Compiling").
+        # step once more (docs/performance.md, "Compiling").
         branches[0] = jax.jit(branches[0])
         shapes = branches[0].eval_shape(state)
         obs, _, *rest = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes)

@@ -76,6 +76,49 @@ def test_refused_runs_are_named(tmp_path: Path) -> None:
         blis.run_names(tmp_path / "nowhere")
 
 
+@pytest.mark.parametrize(
+    "which, change, message",
+    [
+        ("requests", lambda r: r.__setitem__(3, 7), "{req}: request 3: expected an object"),
+        (
+            "requests",
+            lambda r: r[4].__setitem__("index", 2),
+            "{req}: request 4: field 'index': 2 appears twice",
+        ),
+        (
+            "truth",
+            lambda r: r[5].__setitem__("index", 1),
+            "{truth}: request 5: field 'index': 1 appears twice",
+        ),
+        ("truth", lambda r: r.__setitem__(0, []), "{truth}: request 0: expected an object"),
+        (
+            "requests",
+            lambda r: r[6].__setitem__("index", 999),
+            "{req}: request 6: field 'index': 999 has no entry in {truth}",
+        ),
+        ("requests", lambda r: r.pop(), "{truth}: request index 199 is not in {req}"),
+    ],
+)
+def test_inference_sim_records_are_refused_by_file_and_request(
+    tmp_path: Path, which, change, message
+) -> None:
+    """Each list of the replay format (the requests and the measured latencies) is read by one
+    reader that names the file, the record's position and the field it refuses."""
+    folder = _checkout(tmp_path) / "replay_data"
+    req, truth = folder / f"{RUN}.json", folder / f"{RUN}_ground_truth.json"
+    data = json.loads(req.read_text())
+    if which == "requests":
+        change(data["requests"])
+        req.write_text(json.dumps(data))
+    else:
+        records = json.loads(truth.read_text())
+        change(records)
+        truth.write_text(json.dumps(records))
+    with pytest.raises(ValueError) as refused:
+        read_inference_sim(req, truth)
+    assert str(refused.value) == message.format(req=req, truth=truth)
+
+
 def test_validation_table_has_a_row_per_run_and_the_held_out_medians(tmp_path: Path) -> None:
     root = _checkout(tmp_path)
     rows = blis.validate_runs(root, "vllm-ci", jobs=1)
