@@ -25,6 +25,7 @@ import jax.numpy as jnp
 
 from burstgym import scenarios
 from burstgym.env import BurstBalance
+from burstgym.latency.cliargs import int_at_least, refusals
 
 
 def measure(scenario: str, function: str, episode_length: int, repeats: int) -> dict:
@@ -74,16 +75,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--scenario", default="prefix")
     ap.add_argument("--function", default="step_env", choices=["step_env", "step"])
-    ap.add_argument("--episode-length", type=int, default=512)
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--episode-length", type=int_at_least(2), default=512)
+    ap.add_argument("--repeats", type=int_at_least(1), default=5)
     ap.add_argument("--json", help="also write the figures to this JSON file")
     args = ap.parse_args()
-    if args.episode_length < 2 or args.repeats < 1:
-        ap.error("--episode-length must be at least 2 and --repeats at least 1")
-    try:
+    with refusals(ap):
         out = measure(args.scenario, args.function, args.episode_length, args.repeats)
-    except ValueError as e:  # an unknown scenario or a setting it refuses
-        ap.error(str(e))
     print(
         f"{args.scenario} {args.function}: {out['us_per_step_median']} us per step (median of "
         f"{args.repeats}; min {out['us_per_step_min']}), compile {out['compile_s']} s (tracing "

@@ -35,6 +35,7 @@ from agents.cli import parse_settings  # noqa: E402
 from agents.routers import ROUTERS, make_rule  # noqa: E402
 from burstgym import reference, scenarios  # noqa: E402
 from burstgym.gym_env import BurstBalanceEnv, BurstBalanceVectorEnv  # noqa: E402
+from burstgym.latency.cliargs import int_at_least, positive_float, refusals  # noqa: E402
 from burstgym.rollout import rollout  # noqa: E402
 
 GPU_SIZES = (65_536,)
@@ -354,8 +355,12 @@ def chunk_arg(text: str) -> str | int | None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--scenario", default="bursty")
-    ap.add_argument("--batch", type=int, nargs="*", default=[1, 256, 4096], help="vector env sizes")
-    ap.add_argument("--jax-clusters", type=int, nargs="*", default=[1, 256, 4096], help="JAX rollout sizes")
+    ap.add_argument(
+        "--batch", type=int_at_least(1), nargs="*", default=[1, 256, 4096], help="vector env sizes"
+    )
+    ap.add_argument(
+        "--jax-clusters", type=int_at_least(1), nargs="*", default=[1, 256, 4096], help="JAX rollout sizes"
+    )
     ap.add_argument(
         "--gpu-sizes",
         action=argparse.BooleanOptionalAction,
@@ -381,10 +386,13 @@ def main() -> None:
         "--chunk", default="auto", type=chunk_arg, help="clusters vmapped together (auto, all, or a number)"
     )
     ap.add_argument(
-        "--budget-s", type=float, default=180.0, help="skip a JAX size predicted to run longer than this"
+        "--budget-s",
+        type=positive_float,
+        default=180.0,
+        help="skip a JAX size predicted to run longer than this",
     )
     ap.add_argument("--episode-length", type=int, default=128)
-    ap.add_argument("--episodes", type=int, default=1, help="timed episodes per configuration")
+    ap.add_argument("--episodes", type=int_at_least(1), default=1, help="timed episodes per configuration")
     ap.add_argument("--json", help="also write the figures to this JSON file")
     ap.add_argument("--profile", action="store_true", help="only profile one step of one cluster (CPU us)")
     ap.add_argument(
@@ -398,12 +406,8 @@ def main() -> None:
         help="scenario settings (e.g. trace=PATH chunk_widths=[])",
     )
     args = ap.parse_args()
-    if any(n < 1 for n in args.batch + args.jax_clusters) or args.episodes < 1 or args.budget_s <= 0:
-        ap.error("--batch and --jax-clusters sizes and --episodes must be positive, --budget-s above 0")
-    try:
+    with refusals(ap):
         run(args, parse_settings(args.set))
-    except (ValueError, FileNotFoundError) as e:  # a scenario, router or setting refused
-        ap.error(str(e))
 
 
 def run(args: argparse.Namespace, extra: dict) -> None:

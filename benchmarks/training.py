@@ -26,6 +26,7 @@ from agents.jax_ppo import JaxPPO, PPOConfig  # noqa: E402
 from agents.learners import make_model, normalize_env  # noqa: E402
 from agents.sb3_vec_env import JaxVecEnv  # noqa: E402
 from burstgym import scenarios  # noqa: E402
+from burstgym.latency.cliargs import int_at_least, refusals  # noqa: E402
 
 
 def sb3_rate(scenario: str, n_envs: int, episode_length: int, rollouts: int, entry: dict) -> dict:
@@ -77,18 +78,16 @@ def jax_rate(scenario: str, n_envs: int, episode_length: int, rollouts: int, ent
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--scenario", default="prefix")
-    ap.add_argument("--n-envs", type=int, default=128)
-    ap.add_argument("--episode-length", type=int, default=256)
-    ap.add_argument("--rollouts", type=int, default=4, help="timed rollouts (and updates) per learner")
+    ap.add_argument("--n-envs", type=int_at_least(1), default=128)
+    ap.add_argument("--episode-length", type=int_at_least(1), default=256)
+    ap.add_argument(
+        "--rollouts", type=int_at_least(1), default=4, help="timed rollouts (and updates) per learner"
+    )
     ap.add_argument("--learners", nargs="+", default=["sb3-ppo", "jax-ppo"], choices=["sb3-ppo", "jax-ppo"])
     ap.add_argument("--json", help="also write the figures to this JSON file")
     args = ap.parse_args()
-    if min(args.n_envs, args.episode_length, args.rollouts) < 1:
-        ap.error("--n-envs, --episode-length and --rollouts must be positive")
-    try:
+    with refusals(ap):
         run(args)
-    except (ValueError, FileNotFoundError) as e:  # a scenario or setting refused
-        ap.error(str(e))
 
 
 def run(args: argparse.Namespace) -> None:

@@ -19,6 +19,7 @@ from stable_baselines3.common.vec_env import DummyVecEnv, VecEnv  # noqa: E402
 
 from agents.sb3_vec_env import JaxVecEnv  # noqa: E402
 from burstgym.gym_env import BurstBalanceEnv  # noqa: E402
+from burstgym.latency.cliargs import int_at_least, refusals  # noqa: E402
 
 
 def steps_per_second(env: VecEnv, n_steps: int, warmup: int, seed: int = 0) -> float:
@@ -37,16 +38,12 @@ def steps_per_second(env: VecEnv, n_steps: int, warmup: int, seed: int = 0) -> f
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--scenario", default="bursty")
-    p.add_argument("--n-envs", type=int, default=64)
-    p.add_argument("--episode-length", type=int, default=128)
-    p.add_argument("--episodes", type=int, default=2, help="episodes timed after the warm-up one")
+    p.add_argument("--n-envs", type=int_at_least(1), default=64)
+    p.add_argument("--episode-length", type=int_at_least(1), default=128)
+    p.add_argument("--episodes", type=int_at_least(1), default=2, help="episodes timed after the warm-up one")
     args = p.parse_args()
-    if min(args.n_envs, args.episode_length, args.episodes) < 1:
-        p.error("--n-envs, --episode-length and --episodes must be positive")
-    try:
+    with refusals(p):
         run(args)
-    except (ValueError, FileNotFoundError) as e:  # a scenario or setting refused
-        p.error(str(e))
 
 
 def run(args: argparse.Namespace) -> None:

@@ -20,6 +20,7 @@ import numpy as np
 from agents.marginal_cost import MarginalCost
 from burstgym import scenarios
 from burstgym.env import BurstBalance
+from burstgym.latency.cliargs import int_at_least, refusals
 
 
 def errors(scenario: str, seeds: list[int], episode_length: int, n_nodes: int) -> dict[str, np.ndarray]:
@@ -56,16 +57,12 @@ def errors(scenario: str, seeds: list[int], episode_length: int, n_nodes: int) -
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--scenarios", nargs="+", default=["steady", "bursty", "bursty-dynamic", "prefix"])
-    p.add_argument("--seeds", type=int, default=4)
-    p.add_argument("--episode-length", type=int, default=256)
-    p.add_argument("--nodes", type=int, default=4)
+    p.add_argument("--seeds", type=int_at_least(1), default=4)
+    p.add_argument("--episode-length", type=int_at_least(1), default=256)
+    p.add_argument("--nodes", type=int_at_least(1), default=4)
     args = p.parse_args()
-    if min(args.seeds, args.episode_length, args.nodes) < 1:
-        p.error("--seeds, --episode-length and --nodes must be positive")
-    try:
+    with refusals(p):
         run(args)
-    except (ValueError, FileNotFoundError) as e:  # a scenario or setting refused
-        p.error(str(e))
 
 
 def run(args: argparse.Namespace) -> None:

@@ -48,7 +48,7 @@ def test_step_scan_times_a_scanned_episode_and_counts_its_copies():
         (
             "benchmarks/throughput",
             ["--batch", "-3"],
-            "--batch and --jax-clusters sizes and --episodes must be positive",
+            "argument --batch: must be an integer >= 1, got '-3'",
         ),
         ("benchmarks/throughput", ["--scenario", "nope"], "unknown scenario 'nope'"),
         (
@@ -64,17 +64,21 @@ def test_step_scan_times_a_scanned_episode_and_counts_its_copies():
         (
             "benchmarks/training",
             ["--rollouts", "0"],
-            "--n-envs, --episode-length and --rollouts must be positive",
+            "argument --rollouts: must be an integer >= 1, got '0'",
         ),
         ("benchmarks/training", ["--scenario", "nope"], "unknown scenario 'nope'"),
         ("benchmarks/step_scan", ["--scenario", "nope"], "unknown scenario 'nope'"),
         (
             "benchmarks/vec_env",
             ["--episodes", "0"],
-            "--n-envs, --episode-length and --episodes must be positive",
+            "argument --episodes: must be an integer >= 1, got '0'",
         ),
         ("benchmarks/vec_env", ["--scenario", "nope"], "unknown scenario 'nope'"),
-        ("scripts/marginal_cost_accuracy", ["--seeds", "0"], "--seeds, --episode-length and --nodes must be"),
+        (
+            "scripts/marginal_cost_accuracy",
+            ["--seeds", "0"],
+            "argument --seeds: must be an integer >= 1, got '0'",
+        ),
         ("scripts/marginal_cost_accuracy", ["--scenarios", "nope"], "unknown scenario 'nope'"),
     ],
 )

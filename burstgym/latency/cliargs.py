@@ -1,4 +1,5 @@
-"""Command-line helpers shared by ``python -m burstgym.latency`` and ``python -m burstgym.calibrate``.
+"""Command-line helpers shared by ``python -m burstgym.latency``, ``python -m burstgym.calibrate`` and
+the measuring scripts of ``benchmarks/`` and ``scripts/``.
 
 A bad flag is refused before any work starts, in one line that names the flag
 (``prog: error: argument --max-tokens: must be an integer >= 64, got '-5'``), with exit status 2 as
@@ -9,7 +10,8 @@ from __future__ import annotations
 
 import argparse
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import NoReturn
 
 
@@ -19,6 +21,16 @@ class OneLineParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         """Print ``prog: error: message`` on stderr and exit with status 2."""
         self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+@contextmanager
+def refusals(parser: argparse.ArgumentParser) -> Iterator[None]:
+    """Inside: what the library refuses (a `ValueError`, such as an unknown scenario or a bad
+    setting, or a missing file) ends the command through ``parser.error``, not a traceback."""
+    try:
+        yield
+    except (ValueError, FileNotFoundError) as e:
+        parser.error(str(e))
 
 
 def int_at_least(low: int) -> Callable[[str], int]:
