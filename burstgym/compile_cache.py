@@ -25,12 +25,14 @@ episodes, the environments' steps and metrics, the JAX learner). Two options, bo
 so the user's own JAX programs in the same process are untouched (docs/performance.md,
 "Compiling"):
 - XLA:CPU's copy insertion uses its region-based live-range analysis, which proves more of the
-  copies around `while` and `cond` carries unneeded: the compiled `prefix` step holds 476 copies
-  instead of 533, `bursty`'s 251 instead of 293. Copies do not change values.
+  copies around `while` and `cond` carries unneeded: a scan of the `prefix` step
+  (`benchmarks/step_scan.py`) holds 368 copies instead of 558, `bursty`'s 195 instead of 298.
+  Copies do not change values.
 - XLA's tree-reduction rewrite is off. On CPU it splits every reduction of more than 32 elements
   into a `reduce-window` over blocks of 32 and a reduction of the blocks: two kernels, the first
   of which nothing fuses with, for each `any`, `sum` or `max` over a node's slot-by-chunk table.
-  The JAX learner's compiled `prefix` rollout holds 67 `reduce-window`s instead of 467. Integer and boolean
+  The same scan holds 63 `reduce-window`s instead of 434 on `prefix`, 72 instead of 184 on
+  `bursty`. Integer and boolean
   reductions give the same values in any order; a float sum of more than 32 terms may round
   differently than with the rewrite, the same in every program compiled with these options (the
   engines agree bit for bit, tests/test_jax_rollout.py).
