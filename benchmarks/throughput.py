@@ -21,7 +21,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
+from pathlib import Path
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
@@ -37,6 +39,9 @@ from burstgym import reference, scenarios  # noqa: E402
 from burstgym.gym_env import BurstBalanceEnv, BurstBalanceVectorEnv  # noqa: E402
 from burstgym.latency.cliargs import int_at_least, positive_float, refusals  # noqa: E402
 from burstgym.rollout import rollout  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the scripts' shared module
+import xla_trace  # noqa: E402
 
 GPU_SIZES = (65_536,)
 
@@ -297,10 +302,6 @@ def kernels_per_decision(
     include the profiler's own cost per kernel, so they rank kernels rather than time a step; the
     source line is the innermost one of burstgym/ or agents/ that made the instruction."""
     import collections
-    import glob
-    import gzip
-    import re
-    import tempfile
 
     from burstgym import rollout as engine
 
@@ -311,18 +312,10 @@ def kernels_per_decision(
     sources = {}
     for compiled in engine.compiled_episodes():
         sources.update(instruction_sources(compiled.as_text()))
-    with tempfile.TemporaryDirectory() as folder:
-        jax.profiler.start_trace(folder, create_perfetto_trace=True)
-        done = rollout(cfg, params, rule, [2, 3], threads=1)
-        jax.profiler.stop_trace()
-        (path,) = glob.glob(f"{folder}/**/perfetto_trace.json.gz", recursive=True)
-        with gzip.open(path) as f:
-            trace = json.load(f)
-    events = trace["traceEvents"] if isinstance(trace, dict) else trace
-    runs = [e for e in events if e.get("ph") == "X" and e.get("name") in sources]
-    kinds = collections.Counter(re.sub(r"[.\d]+$", "", e["name"]) for e in runs)
-    # loops, branches and calls contain other kernels: their time is their kernels'
-    leaves = [e for e in runs if sources[e["name"]][0] not in ("while", "conditional", "call")]
+    done, events = xla_trace.traced(lambda: rollout(cfg, params, rule, [2, 3], threads=1))
+    runs = [e for e in events if e["name"] in sources]  # the episode's kernels, not the reset's
+    kinds = collections.Counter(xla_trace.kind(e["name"]) for e in runs)
+    leaves = xla_trace.leaves(runs)
     spent = collections.Counter()
     for e in leaves:
         spent[e["name"]] += float(e.get("dur", 0.0))

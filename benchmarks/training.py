@@ -5,6 +5,12 @@ warm-up rollout and update first (JIT compile, reported apart), then `--rollouts
 JAX learner's rollouts and updates are also timed apart (`rollout_s`, `update_s`).
 
     python benchmarks/training.py --scenario prefix --n-envs 128 --rollouts 4 --json ppo.json
+    python benchmarks/training.py --profile    # the JAX learner's update, by kind of kernel
+
+`--profile` traces one update of the JAX learner (`JaxPPO.learn`, after a warm-up update) with
+`jax.profiler` and lists the kinds of XLA kernels with the most traced time
+(benchmarks/xla_trace.py). The rollout's time is the environment step's, which
+`benchmarks/throughput.py --kernels` and `benchmarks/step_scan.py` break down.
 """
 
 from __future__ import annotations
@@ -14,7 +20,9 @@ import dataclasses
 import json
 import os
 import platform
+import sys
 import time
+from pathlib import Path
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
@@ -27,6 +35,9 @@ from agents.learners import make_model, normalize_env  # noqa: E402
 from agents.sb3_vec_env import JaxVecEnv  # noqa: E402
 from burstgym import scenarios  # noqa: E402
 from burstgym.latency.cliargs import int_at_least, refusals  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the scripts' shared module
+import xla_trace  # noqa: E402
 
 
 def sb3_rate(scenario: str, n_envs: int, episode_length: int, rollouts: int, entry: dict) -> dict:
@@ -75,6 +86,26 @@ def jax_rate(scenario: str, n_envs: int, episode_length: int, rollouts: int, ent
     }
 
 
+def jax_profile(scenario: str, n_envs: int, episode_length: int, entry: dict, top: int = 8) -> dict:
+    """The JAX learner's update: after one warm-up update, one rollout's update traced, as its
+    steps, kernels run, traced milliseconds and the `top` kinds by traced time (kind,
+    milliseconds, runs)."""
+    cfg, params = scenarios.make(scenario, episode_length=episode_length)
+    ppo = PPOConfig.from_entry(entry)
+    learner = JaxPPO(cfg, params, ppo, n_envs, n_envs * ppo.n_steps * 3)
+    learner.setup(0)
+    learner.update()
+    rollout = jax.block_until_ready(learner.collect())
+    _, events = xla_trace.traced(lambda: learner.learn(*rollout))
+    kinds = xla_trace.time_by_kind(events)
+    return {
+        "steps": n_envs * ppo.n_steps,
+        "kernels": sum(runs for _, _, runs in kinds),
+        "traced_ms": round(sum(us for _, us, _ in kinds) / 1e3, 2),
+        "top": [(k, round(us / 1e3, 2), runs) for k, us, runs in kinds[:top]],
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--scenario", default="prefix")
@@ -84,6 +115,9 @@ def main() -> None:
         "--rollouts", type=int_at_least(1), default=4, help="timed rollouts (and updates) per learner"
     )
     ap.add_argument("--learners", nargs="+", default=["sb3-ppo", "jax-ppo"], choices=["sb3-ppo", "jax-ppo"])
+    ap.add_argument(
+        "--profile", action="store_true", help="only trace one JAX learner update, its kernels by kind"
+    )
     ap.add_argument("--json", help="also write the figures to this JSON file")
     args = ap.parse_args()
     with refusals(ap):
@@ -94,6 +128,15 @@ def run(args: argparse.Namespace) -> None:
     """Time each learner of the command line; print and optionally write the figures."""
     torch.set_num_threads(1)
     entry = load("ppo", args.scenario)
+    if args.profile:
+        p = jax_profile(args.scenario, args.n_envs, args.episode_length, entry)
+        top = ", ".join(f"{k} {ms} ms ({runs})" for k, ms, runs in p["top"])
+        print(f"jax-ppo update of {p['steps']} steps: {p['kernels']} kernels, {p['traced_ms']} ms traced")
+        print(f"  most traced time: {top}")
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"scenario": args.scenario, "n_envs": args.n_envs, "update": p}, f, indent=2)
+        return
     fns = {"sb3-ppo": sb3_rate, "jax-ppo": jax_rate}
     rows = []
     for name in args.learners:

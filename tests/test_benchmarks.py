@@ -24,6 +24,30 @@ def test_kernels_are_named_after_the_source_line_that_made_them():
     assert all(len(v) == 3 for v in sources.values())
 
 
+def test_kernel_traces_count_a_loop_s_kernels_not_the_loop():
+    xla_trace = load_script("benchmarks/xla_trace")
+    # one thread: a loop [0, 10) running two kernels, then a kernel after it; another thread's kernel
+    events = [
+        {"name": "while.3", "tid": 1, "ts": 0.0, "dur": 10.0},
+        {"name": "add_fusion.1", "tid": 1, "ts": 1.0, "dur": 2.0},
+        {"name": "add_fusion.2", "tid": 1, "ts": 4.0, "dur": 3.0},
+        {"name": "copy.7", "tid": 1, "ts": 10.0, "dur": 1.0},
+        {"name": "dot", "tid": 2, "ts": 2.0, "dur": 5.0},
+    ]
+    assert [e["name"] for e in xla_trace.leaves(events)] == ["add_fusion.1", "add_fusion.2", "copy.7", "dot"]
+    assert xla_trace.time_by_kind(events) == [("add_fusion", 5.0, 2), ("dot", 5.0, 1), ("copy", 1.0, 1)]
+
+
+def test_a_traced_call_returns_its_result_and_its_program_s_kernels():
+    xla_trace = load_script("benchmarks/xla_trace")
+    f = jax.jit(lambda x: jnp.tanh(x) @ x)
+    x = jnp.ones((16, 16))
+    names = set(load_script("benchmarks/throughput").instruction_sources(f.lower(x).compile().as_text()))
+    out, events = xla_trace.traced(lambda: f(x))
+    assert out.shape == (16, 16) and events
+    assert {e["name"] for e in events} <= names  # each event is an instruction of the program
+
+
 def test_step_scan_times_a_scanned_episode_and_counts_its_copies():
     out = load_script("benchmarks/step_scan").measure("bursty", "step", episode_length=8, repeats=2)
     assert out["us_per_step_min"] <= out["us_per_step_median"] and out["us_per_step_min"] > 0
