@@ -267,6 +267,18 @@ def _scan_clusters(body: Callable, carry: Any, xs: Any, length: int) -> tuple[An
     return carry, jax.tree.map(lambda a: a.swapaxes(0, 1), outs)
 
 
+def _cut(whole: Any, parts: int) -> tuple[Any, ...]:
+    """`whole` (leaves with the cluster axis first) cut into `parts` equal parts of its clusters."""
+    m = jax.tree.leaves(whole)[0].shape[0] // parts
+    return tuple(jax.tree.map(lambda x, i=i: x[i * m : (i + 1) * m], whole) for i in range(parts))
+
+
+def _join(parts: tuple, outs: tuple) -> tuple[Any, Any]:
+    """The parts' runners joined on the cluster axis (0) and their outputs on theirs (1: time-major)."""
+    joined = jax.tree.map(lambda *x: jnp.concatenate(x), *parts)
+    return joined, jax.tree.map(lambda *x: jnp.concatenate(x, axis=1), *outs)
+
+
 _JITTED: dict[Any, Callable] = {}
 
 
@@ -419,14 +431,15 @@ class JaxPPO:
         runner's; returns the runner of every cluster (with the key left after the split) and the
         parts' outputs joined on the cluster axis (axis 1: outputs are time-major)."""
         k, r = self.parts(), self.runner
-        m = self.n_envs // k
         keys = jax.random.split(r.key, k + 1)
         jitted = self._jit(name, fn, *static)
         if k == 1:  # every cluster in one call: nothing to cut or join
             runner, outs = jitted(r._replace(key=keys[1]), self.params, *shared)
             return runner._replace(key=keys[0]), outs
-        whole = (r.states, r.obs, r.ep_return)
-        cut = [jax.tree.map(lambda x, i=i: x[i * m : (i + 1) * m], whole) for i in range(k)]
+        # Cutting and joining are one jitted call each: done leaf by leaf outside jit, they were
+        # hundreds of dispatches per rollout (docs/performance.md, "The JAX learner's per-cluster
+        # rollout loop").
+        cut = self._jit("cut", functools.partial(_cut, parts=k), k)((r.states, r.obs, r.ep_return))
 
         def run(i: int) -> tuple[Runner, Any]:
             states, obs, ep_return = cut[i]
@@ -435,10 +448,8 @@ class JaxPPO:
 
         with ThreadPoolExecutor(k) as pool:
             runners, outs = zip(*pool.map(run, range(k)), strict=True)
-        states, obs, ep_return = jax.tree.map(
-            lambda *x: jnp.concatenate(x), *((q.states, q.obs, q.ep_return) for q in runners)
-        )
-        outs = jax.tree.map(lambda *x: jnp.concatenate(x, axis=1), *outs)
+        whole = tuple((q.states, q.obs, q.ep_return) for q in runners)
+        (states, obs, ep_return), outs = self._jit("join", _join, name, *static)(whole, outs)
         return Runner(states, obs, keys[0], ep_return), outs
 
     def _rollout(self, runner: Runner, env_params: EnvParams, ts: TrainState, stats: ObsStats):
