@@ -315,7 +315,9 @@ def kernels_per_decision(
     done, events = xla_trace.traced(lambda: rollout(cfg, params, rule, [2, 3], threads=1))
     runs = [e for e in events if e["name"] in sources]  # the episode's kernels, not the reset's
     kinds = collections.Counter(xla_trace.kind(e["name"]) for e in runs)
-    leaves = xla_trace.leaves(runs)
+    leaves = [
+        e for e in xla_trace.leaves(runs) if sources[e["name"]][0] not in ("while", "conditional", "call")
+    ]
     spent = collections.Counter()
     for e in leaves:
         spent[e["name"]] += float(e.get("dur", 0.0))
