@@ -185,10 +185,18 @@ def variable_shapes(n_nodes: int, hidden: int) -> dict[str, Any]:
 # ------------------------------------------------------------------------------- the algorithm
 
 
+class Parts(NamedTuple):
+    """The clusters' states in the equal parts a rollout steps from one thread each
+    (`JaxPPO.parts`), kept so between rollouts: joining them after a rollout and cutting them
+    before the next would copy every cluster's state twice (`JaxPPO.cluster_states` joins them)."""
+
+    parts: tuple  # burstgym.types.State per part, [B / parts] leading axis
+
+
 class Runner(NamedTuple):
     """The clusters being trained on, between rollouts."""
 
-    states: Any  # burstgym.types.State, [B] leading axis
+    states: Any  # burstgym.types.State with a [B] leading axis, or its `Parts`
     obs: jax.Array  # [B, D] raw observations of the next decision
     key: jax.Array  # PRNG key
     ep_return: jax.Array  # [B] return so far of each running episode
@@ -273,10 +281,14 @@ def _cut(whole: Any, parts: int) -> tuple[Any, ...]:
     return tuple(jax.tree.map(lambda x, i=i: x[i * m : (i + 1) * m], whole) for i in range(parts))
 
 
+def _concat(parts: tuple) -> Any:
+    """The parts (leaves with the cluster axis first) joined on the cluster axis."""
+    return jax.tree.map(lambda *x: jnp.concatenate(x), *parts)
+
+
 def _join(parts: tuple, outs: tuple) -> tuple[Any, Any]:
-    """The parts' runners joined on the cluster axis (0) and their outputs on theirs (1: time-major)."""
-    joined = jax.tree.map(lambda *x: jnp.concatenate(x), *parts)
-    return joined, jax.tree.map(lambda *x: jnp.concatenate(x, axis=1), *outs)
+    """The parts joined on the cluster axis (0) and their outputs on theirs (1: time-major)."""
+    return _concat(parts), jax.tree.map(lambda *x: jnp.concatenate(x, axis=1), *outs)
 
 
 _JITTED: dict[Any, Callable] = {}
@@ -408,7 +420,11 @@ class JaxPPO:
     def learn(self, runner: Runner, rollout: Any) -> dict[str, float]:
         """The PPO update on a rollout that `collect` returned, and its logs (`update`)."""
         learn = self._jit("learn", self._learn_fn)
-        self.train_state, self.stats, self.runner, logs = learn(self.train_state, self.stats, runner, rollout)
+        # the update reads the runner's observations and key, not the clusters' states
+        self.train_state, self.stats, runner_out, logs = learn(
+            self.train_state, self.stats, runner._replace(states=None), rollout
+        )
+        self.runner = runner_out._replace(states=runner.states)
         logs = jax.device_get(logs)
         if int(logs.pop("error")):
             where = f" in the jax-ppo rollout ending at step {self.num_timesteps}"
@@ -433,24 +449,36 @@ class JaxPPO:
         k, r = self.parts(), self.runner
         keys = jax.random.split(r.key, k + 1)
         jitted = self._jit(name, fn, *static)
+        states = r.states
+        if isinstance(states, Parts) and len(states.parts) != k:
+            states = self.cluster_states()
         if k == 1:  # every cluster in one call: nothing to cut or join
-            runner, outs = jitted(r._replace(key=keys[1]), self.params, *shared)
+            runner, outs = jitted(r._replace(states=states, key=keys[1]), self.params, *shared)
             return runner._replace(key=keys[0]), outs
-        # Cutting and joining are one jitted call each: done leaf by leaf outside jit, they were
-        # hundreds of dispatches per rollout (docs/performance.md, "The JAX learner's per-cluster
-        # rollout loop").
-        cut = self._jit("cut", functools.partial(_cut, parts=k), k)((r.states, r.obs, r.ep_return))
+        # The states stay in their parts between rollouts (`Parts`); the rest is cut and joined in
+        # one jitted call each: leaf by leaf outside jit, that was hundreds of dispatches per
+        # rollout (docs/performance.md, "The JAX learner's per-cluster rollout loop").
+        cut = self._jit("cut", functools.partial(_cut, parts=k), k)
+        if not isinstance(states, Parts):
+            states = Parts(cut(states))
+        small = cut((r.obs, r.ep_return))
 
         def run(i: int) -> tuple[Runner, Any]:
-            states, obs, ep_return = cut[i]
-            out = jitted(Runner(states, obs, keys[i + 1], ep_return), self.params, *shared)
+            obs, ep_return = small[i]
+            out = jitted(Runner(states.parts[i], obs, keys[i + 1], ep_return), self.params, *shared)
             return jax.block_until_ready(out)
 
         with ThreadPoolExecutor(k) as pool:
             runners, outs = zip(*pool.map(run, range(k)), strict=True)
-        whole = tuple((q.states, q.obs, q.ep_return) for q in runners)
-        (states, obs, ep_return), outs = self._jit("join", _join, name, *static)(whole, outs)
-        return Runner(states, obs, keys[0], ep_return), outs
+        small = tuple((q.obs, q.ep_return) for q in runners)
+        (obs, ep_return), outs = self._jit("join", _join, name, *static)(small, outs)
+        return Runner(Parts(tuple(q.states for q in runners)), obs, keys[0], ep_return), outs
+
+    def cluster_states(self) -> Any:
+        """The clusters' states (`burstgym.types.State`, cluster axis first), joined where the
+        runner keeps them in parts."""
+        states = self.runner.states
+        return self._jit("concat", _concat)(states.parts) if isinstance(states, Parts) else states
 
     def _rollout(self, runner: Runner, env_params: EnvParams, ts: TrainState, stats: ObsStats):
         step = functools.partial(batched_step_fn(self.core), params=env_params)

@@ -157,10 +157,10 @@ def test_rollouts_in_parts_equal_one_part(tiny_setup, monkeypatch):
         monkeypatch.setattr(JaxPPO, "parts", lambda self, k=k: k)
         learner = _learner(tiny_setup)
         bc = learner.warm_start(make_rule("jsq"), 32, epochs=2, batch_size=16)
-        runner = learner.runner
+        runner, states = learner.runner, learner.cluster_states()
         logs = learner.update()
         assert learner.runner.obs.shape == runner.obs.shape and np.isfinite(logs["train/value_loss"])
-        results.append((bc, jax.tree.leaves((runner.states, runner.obs, runner.ep_return)), runner.key))
+        results.append((bc, jax.tree.leaves((states, runner.obs, runner.ep_return)), runner.key))
     (bc1, run1, key1), (bc2, run2, key2) = results
     assert bc1 == bc2
     for a, b in zip(run1, run2, strict=True):
