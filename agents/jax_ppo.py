@@ -444,8 +444,9 @@ class JaxPPO:
     def _in_parts(self, name: str, fn: Callable, *shared: Any, static: tuple = ()) -> tuple[Runner, Any]:
         """`fn(runner, env_params, *shared) -> (runner, outputs)`, jitted, on each part of the
         clusters (`parts`) at once from as many threads, each part with its own key split from the
-        runner's; returns the runner of every cluster (with the key left after the split) and the
-        parts' outputs joined on the cluster axis (axis 1: outputs are time-major)."""
+        runner's; returns the runner of every cluster (its states in `Parts` where there are
+        several, with the key left after the split) and the parts' outputs joined on the cluster
+        axis (axis 1: outputs are time-major)."""
         k, r = self.parts(), self.runner
         keys = jax.random.split(r.key, k + 1)
         jitted = self._jit(name, fn, *static)
