@@ -58,12 +58,18 @@ def sb3_rate(scenario: str, n_envs: int, episode_length: int, rollouts: int, ent
     return {"learner": "sb3-ppo", "warmup_s": round(warm, 2), "steps": steps * rollouts, "seconds": run}
 
 
+def jax_learner(scenario: str, n_envs: int, episode_length: int, entry: dict, updates: int) -> JaxPPO:
+    """The JAX learner of the hyperparameter `entry` on `n_envs` clusters, planned for `updates`
+    updates (its learning-rate schedule's horizon), not yet set up."""
+    cfg, params = scenarios.make(scenario, episode_length=episode_length)
+    ppo = PPOConfig.from_entry(entry)
+    return JaxPPO(cfg, params, ppo, n_envs, n_envs * ppo.n_steps * updates)
+
+
 def jax_rate(scenario: str, n_envs: int, episode_length: int, rollouts: int, entry: dict) -> dict:
     """The JAX learner: seconds of the first update (compile and run), then steps/s of `rollouts`
     more, and the seconds of their rollouts (`JaxPPO.collect`) and updates (`JaxPPO.learn`) apart."""
-    cfg, params = scenarios.make(scenario, episode_length=episode_length)
-    ppo = PPOConfig.from_entry(entry)
-    learner = JaxPPO(cfg, params, ppo, n_envs, n_envs * ppo.n_steps * (rollouts + 1))
+    learner = jax_learner(scenario, n_envs, episode_length, entry, rollouts + 1)
     start = time.perf_counter()
     learner.setup(0)
     learner.update()
@@ -79,7 +85,7 @@ def jax_rate(scenario: str, n_envs: int, episode_length: int, rollouts: int, ent
     return {
         "learner": "jax-ppo",
         "warmup_s": round(warm, 2),
-        "steps": n_envs * ppo.n_steps * rollouts,
+        "steps": n_envs * learner.ppo.n_steps * rollouts,
         "seconds": collect + learn,
         "rollout_s": round(collect, 3),
         "update_s": round(learn, 3),
@@ -90,16 +96,14 @@ def jax_profile(scenario: str, n_envs: int, episode_length: int, entry: dict, to
     """The JAX learner's update: after one warm-up update, one rollout's update traced, as its
     steps, kernels run, traced milliseconds and the `top` kinds by traced time (kind,
     milliseconds, runs)."""
-    cfg, params = scenarios.make(scenario, episode_length=episode_length)
-    ppo = PPOConfig.from_entry(entry)
-    learner = JaxPPO(cfg, params, ppo, n_envs, n_envs * ppo.n_steps * 3)
+    learner = jax_learner(scenario, n_envs, episode_length, entry, 3)
     learner.setup(0)
     learner.update()
     rollout = jax.block_until_ready(learner.collect())
     _, events = xla_trace.traced(lambda: learner.learn(*rollout))
     kinds = xla_trace.time_by_kind(events)
     return {
-        "steps": n_envs * ppo.n_steps,
+        "steps": n_envs * learner.ppo.n_steps,
         "kernels": sum(runs for _, _, runs in kinds),
         "traced_ms": round(sum(us for _, us, _ in kinds) / 1e3, 2),
         "top": [(k, round(us / 1e3, 2), runs) for k, us, runs in kinds[:top]],
