@@ -94,8 +94,9 @@ class EpisodeBatch:
     error: np.ndarray  # [C] int32, the final error bits
     error_step: np.ndarray  # [C] int32, the step of each cluster's first error (E: none)
     error_first: np.ndarray  # [C] int32, the error bits at that step
-    # every cluster's router states after its last decision: a tuple with one state per router (the
-    # engine carries all of them; cluster r * S + s uses router r's), leaves [C, ...]
+    # with `keep_router_state`, every cluster's router states after its last decision: a tuple with
+    # one state per router (the engine carries all of them; cluster r * S + s uses router r's),
+    # leaves [C, ...]; None without it
     router_state: Any
     compile_s: float  # seconds spent compiling in this call (0 when every function was cached)
     run_s: float  # seconds running the compiled reset and episode (to results on the device)
@@ -237,9 +238,10 @@ def fit_chunk(n_local: int, compile_at: Callable[[int], tuple[Any, float]], budg
         k = chunk_size(n_local, min(max(guess, 1), k // 2))
 
 
-def _episode_fn(cfg: EnvConfig, routers: tuple[Any, ...], chunk: int | None):
+def _episode_fn(cfg: EnvConfig, routers: tuple[Any, ...], chunk: int | None, keep_router_state: bool):
     """(states, router index, router seeds, streams, params, router weights) -> outputs, for one
-    shard of clusters (params per cluster), `chunk` clusters vmapped at a time (None: all)."""
+    shard of clusters (params per cluster), `chunk` clusters vmapped at a time (None: all); the
+    router states are an output only with `keep_router_state`."""
     core = BurstBalance(cfg)
     n, e = cfg.n_nodes, cfg.episode_length
     observes = any(getattr(r, "observes", False) for r in routers)
@@ -318,7 +320,7 @@ def _episode_fn(cfg: EnvConfig, routers: tuple[Any, ...], chunk: int | None):
             "error": states.error,
             "error_step": first_k,
             "error_first": first_bits,
-            "router_state": rstates,
+            "router_state": rstates if keep_router_state else (),
         }
 
     return chunked
@@ -384,6 +386,7 @@ def rollout(
     memory_limit: int | None = None,
     threads: int | None = None,
     check: bool = True,
+    keep_router_state: bool = False,
 ) -> EpisodeBatch:
     """Episodes of every router in `routers` on every seed in `seeds` (see the module docstring).
 
@@ -400,7 +403,10 @@ def rollout(
     copies dropped from the results, and runs the compiled episode on the parts at once from as
     many threads: on CPU a cluster's step is a sequence of small operations on one core, and the
     parts use the others. With `check` (default) the first simulation error is raised after the
-    call."""
+    call. `keep_router_state` returns every cluster's router states (`EpisodeBatch.router_state`):
+    each cluster carries the state of every router in the call, so they take the routers' states'
+    size times the routers times the clusters (about 20 MB per cluster with every rule of
+    `agents/routers/`), and are left out by default."""
     if memory_limit is not None and memory_limit < 1:
         raise ValueError(f"memory_limit must be a positive number of bytes, got {memory_limit}")
     if threads is not None and threads < 1:
@@ -454,8 +460,9 @@ def rollout(
 
     def compile_at(k: int | None):
         k = None if k is not None and k >= local else k  # every cluster of the device at once
-        build = functools.partial(_episode_fn, cfg, routers, k)
-        return _compiled(_EPISODE, (shared, routers, k), build, parts[0], mesh, donate, replicated=1)
+        build = functools.partial(_episode_fn, cfg, routers, k, keep_router_state)
+        key = (shared, routers, k, keep_router_state)
+        return _compiled(_EPISODE, key, build, parts[0], mesh, donate, replicated=1)
 
     budget = memory_limit
     if fit and budget is None:
@@ -490,7 +497,7 @@ def rollout(
         error=np.asarray(out["error"]),
         error_step=np.asarray(out["error_step"]),
         error_first=np.asarray(out["error_first"]),
-        router_state=out["router_state"],
+        router_state=out["router_state"] if keep_router_state else None,
         compile_s=t_reset + t_episode,
         run_s=run_s,
         devices=n_devices,

@@ -201,7 +201,7 @@ def run_case(
 
     start = time.perf_counter()
     cold = PredictedLatency.for_scenario(cfg, params)
-    warmup = rollout(cfg, params, [cold], warm_seeds)
+    warmup = rollout(cfg, params, [cold], warm_seeds, keep_router_state=True)
     warmup.check()
     predicted = cold.replace(warm=warm_samples(cfg, params, warmup, warm_seeds))
     collect(rollout(cfg, params, [predicted], seeds), [predicted])

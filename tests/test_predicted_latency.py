@@ -147,7 +147,7 @@ def test_warm_samples_train_the_models_and_the_engine_and_numpy_face_route_alike
     cfg, params, core = _steady()
     cold = PredictedLatency.for_scenario(cfg, params, cache_view="engine")
     warm_seeds = [100, 101, 102]
-    warmup = rollout(cfg, params, [cold], warm_seeds)
+    warmup = rollout(cfg, params, [cold], warm_seeds, keep_router_state=True)
     samples = warm_samples(cfg, params, warmup, warm_seeds)
     assert samples.features.shape[0] == int((~warmup.dropped).sum()) and np.all(np.isfinite(samples.e2e))
     router = cold.replace(warm=samples)

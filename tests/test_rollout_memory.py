@@ -1,16 +1,20 @@
 """Memory of the JAX rollout: the vmapped group size fitted to a memory budget from the compiled
-program's own analysis (`burstgym.rollout.fit_chunk`), and a cluster's state, whose prefix cache
-does not grow with the episode."""
+program's own analysis (`burstgym.rollout.fit_chunk`), a cluster's state, whose prefix cache
+does not grow with the episode, and the routers' states, returned only when asked."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
 import jax
+import numpy as np
+import pytest
 
+from agents.predicted_latency import warm_samples
+from agents.routers import make_rule
 from burstgym import scenarios
 from burstgym.env import BurstBalance
-from burstgym.rollout import fit_chunk
+from burstgym.rollout import fit_chunk, rollout
 
 
 def _fake_compiler(resident: int, per_cluster: int):
@@ -75,3 +79,29 @@ def test_a_clusters_prefix_cache_does_not_grow_with_the_episode_or_its_prefixes(
     assert (total[2] - cache[2]) <= 4 * (total[1] - cache[1]) <= 32 * (total[0] - cache[0])
     few, many = _state_bytes(prefix_groups=4)[0], _state_bytes(prefix_groups=256)[0]
     assert few == many == cache[0]
+
+
+def test_router_states_are_returned_only_when_asked() -> None:
+    """Every cluster carries the state of every router in the call (a prefix-aware rule's own
+    index is megabytes), so the episode outputs them only with `keep_router_state`: without it the
+    compiled episode's memory does not hold them, and the episodes are the same."""
+    cfg, params = scenarios.make("steady", episode_length=8)
+    rules = [make_rule("round-robin"), make_rule("sglang-cache-aware")]
+    plain = rollout(cfg, params, rules, [0, 1], threads=1)
+    kept = rollout(cfg, params, rules, [0, 1], threads=1, keep_router_state=True)
+    assert plain.router_state is None
+    assert len(kept.router_state) == len(rules)
+    leaves = jax.tree.leaves(kept.router_state)
+    assert all(x.shape[0] == 4 for x in leaves)
+    np.testing.assert_array_equal(plain.objective, kept.objective)
+    np.testing.assert_array_equal(plain.node, kept.node)
+    held = sum(x.nbytes for x in leaves)
+    assert held > 4 * 2**20  # the two sglang-cache-aware clusters' indexes alone
+    assert plain.memory_bytes <= kept.memory_bytes - held
+
+
+def test_warm_samples_refuses_a_batch_without_router_states() -> None:
+    cfg, params = scenarios.make("steady", episode_length=8)
+    batch = rollout(cfg, params, [make_rule("round-robin")], [0], threads=1)
+    with pytest.raises(ValueError, match="keep_router_state=True"):
+        warm_samples(cfg, params, batch, [0])
