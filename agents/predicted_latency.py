@@ -585,7 +585,9 @@ def warm_samples(
     ran on that traffic before has seen. Dropped requests are left out. The batch must hold its
     router states (`rollout(..., keep_router_state=True)`)."""
     if batch.router_state is None:
-        raise ValueError("warm_samples needs the batch's router states: run it with rollout(..., keep_router_state=True)")
+        raise ValueError(
+            "warm_samples needs the batch's router states: run it with rollout(..., keep_router_state=True)"
+        )
     rows = slice(router * len(seeds), (router + 1) * len(seeds))
     state = jax.tree.map(lambda x: np.asarray(x)[rows], batch.router_state[router])
     core = BurstBalance(cfg)

@@ -406,7 +406,7 @@ def rollout(
     call. `keep_router_state` returns every cluster's router states (`EpisodeBatch.router_state`):
     each cluster carries the state of every router in the call, so they take the routers' states'
     size times the routers times the clusters (about 20 MB per cluster with every rule of
-    `agents/routers/`), and are left out by default."""
+    `agents/routers/` on `energy`'s four nodes), and are left out by default."""
     if memory_limit is not None and memory_limit < 1:
         raise ValueError(f"memory_limit must be a positive number of bytes, got {memory_limit}")
     if threads is not None and threads < 1:
