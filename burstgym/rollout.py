@@ -122,6 +122,13 @@ class EpisodeBatch:
             check_error(first[1], f" at request {first[0]}")
 
 
+def one_at_a_time(memory_limit: int | None = None) -> bool:
+    """Whether `rollout(chunk="auto")` steps its clusters one at a time (on CPU without a memory
+    limit, where a vmapped batch gains nothing) rather than in vmapped groups: a call then holds
+    the router states of the clusters being stepped only, however many routers it runs."""
+    return memory_limit is None and jax.default_backend() == "cpu"
+
+
 def usable_cores() -> int:
     """CPU cores this process may run on (its affinity mask where the OS has one)."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
@@ -411,7 +418,7 @@ def rollout(
         raise ValueError(f"memory_limit must be a positive number of bytes, got {memory_limit}")
     if threads is not None and threads < 1:
         raise ValueError(f"threads must be at least 1, got {threads}")
-    if chunk == "auto" and memory_limit is None and jax.default_backend() == "cpu":
+    if chunk == "auto" and one_at_a_time(memory_limit):
         chunk = 1
     fit = chunk == "auto"
     routers = tuple(routers)

@@ -55,7 +55,7 @@ from agents.marginal_cost import MarginalCost  # noqa: E402
 from agents.predicted_latency import PredictedLatency, warm_samples  # noqa: E402
 from agents.routers import ROUTERS, make_rule  # noqa: E402
 from burstgym import scenarios  # noqa: E402
-from burstgym.rollout import rollout  # noqa: E402
+from burstgym.rollout import one_at_a_time, rollout  # noqa: E402
 from evaluation.statistics import BASELINE, paired  # noqa: E402
 
 NAMED = ("steady", "bursty", "bursty-dynamic", "energy", "overload", "prefix", "conversation")
@@ -123,8 +123,8 @@ def groups(
     """`routers` in consecutive groups, one compiled episode each: every cluster of a call carries
     the state of every router in it (burstgym.rollout), and a vmapped group of clusters holds all
     of theirs at once, so a group holds routers while `routers x seeds x their summed state bytes`
-    stays within `budget` (a router past it alone). For accelerators: on CPU the engine steps one
-    cluster at a time per thread and returns no router states, so one group serves."""
+    stays within `budget` (a router past it alone). Only where clusters are vmapped: where the
+    engine steps them one at a time (`burstgym.rollout.one_at_a_time`), one group serves."""
     sized = sorted(routers, key=lambda r: state_bytes(r, n_nodes))
     out: list[list[Any]] = []
     for r in sized:
@@ -197,11 +197,10 @@ def run_case(
             family[r.name] = r.family
 
     start = time.perf_counter()
-    # On CPU one call: its clusters are stepped one at a time, so the states held do not grow with
-    # the routers, and one compiled episode serves every rule (`prefix`, 23 rules x 10 seeds: 40 s
-    # in one call against 84 s in three groups, the same objectives).
-    on_cpu = jax.default_backend() == "cpu"
-    for group in [rules] if on_cpu else groups(rules, cfg.n_nodes, n):
+    # Where the engine steps clusters one at a time (CPU), the states held do not grow with the
+    # routers, so one compiled episode serves every rule (`prefix`, 23 rules x 10 seeds: 40 s in one
+    # call against 84 s in three groups, the same objectives).
+    for group in [rules] if one_at_a_time() else groups(rules, cfg.n_nodes, n):
         collect(rollout(cfg, params, group, seeds), group)
     timing["rules"] = time.perf_counter() - start
     log(f"  {case.label}: {len(rules)} routers in {timing['rules']:.0f} s")
