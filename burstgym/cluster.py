@@ -353,29 +353,16 @@ def route(
     slot = jnp.argmax(free)
     put_ok = accept & ~overflow
     # The request's cell and node are written through one-hot masks: elementwise selects, which
-    # XLA fuses, instead of an indexed read and a scatter per field (each its own kernel).
+    # XLA fuses, instead of an indexed read and a scatter per field (each its own kernel), and one
+    # select per packed array of the slots (`burstgym.record`) rather than one per field.
     n_nodes, n_slots = slots.status.shape
     on_node = jnp.arange(n_nodes) == node
     cell = on_node[:, None] & (jnp.arange(n_slots) == slot)[None, :] & put_ok
-
-    def put(field: jax.Array, value) -> jax.Array:
-        return jnp.where(cell, jnp.asarray(value, field.dtype), field)
-
-    slots = Slots(
-        req=put(slots.req, req),
-        status=put(slots.status, WAITING),
-        arrival=put(slots.arrival, 0),
-        prompt=put(slots.prompt, prompt),
-        output=put(slots.output, output),
-        computed=put(slots.computed, 0),
-        generated=put(slots.generated, 0),
-        sched=put(slots.sched, 0),
-        pin=put(slots.pin, 0),
-        hit=put(slots.hit, -1),
-        preempted=put(slots.preempted, 0),
-        ttft=put(slots.ttft, jnp.nan),
-        e2e=put(slots.e2e, jnp.nan),
-    )
+    row = Slots(
+        req=req, status=WAITING, arrival=0.0, prompt=prompt, output=output, computed=0, generated=0,
+        sched=0, pin=0, hit=-1, preempted=0, ttft=jnp.nan, e2e=jnp.nan,
+    )  # fmt: skip
+    slots = jax.tree.map(lambda new, old: jnp.where(cell[:, None, :], new.astype(old.dtype), old), row, slots)
     wakes = on_node & put_ok & (nodes.phase == ASLEEP)
     nodes = nodes._replace(
         phase=jnp.where(wakes, WAKING, nodes.phase),

@@ -38,7 +38,7 @@ from burstgym import chunk_table as ct
 from burstgym import prefix_cache as pc
 from burstgym.latency import LatencyModel, PowerModel, energy_j, step_time
 from burstgym.prefix_cache import Chunks, ceil_div
-from burstgym.types import DONE, NO_REQUEST, RUNNING, WAITING, PrefixCache, Slots
+from burstgym.types import DONE, RUNNING, WAITING, PrefixCache, Slots
 
 
 class NodeConfig(NamedTuple):
@@ -652,29 +652,18 @@ def release_finished(
     return cache, slots._replace(pin=jnp.where(finished, 0, slots.pin))
 
 
-_FILL = {"req": NO_REQUEST, "hit": -1, "ttft": jnp.nan, "e2e": jnp.nan}
-
-
 def empty_slots(n_nodes: int, n_slots: int, fdt) -> Slots:
     """A table of free slots."""
-    shape = (n_nodes, n_slots)
-
-    def make(name: str) -> jax.Array:
-        dtype = fdt if name in ("arrival", "ttft", "e2e") else jnp.int32
-        return jnp.full(shape, _FILL.get(name, 0), dtype)
-
-    return Slots(*(make(name) for name in Slots._fields))
+    return Slots.full((n_nodes, n_slots), fdt)
 
 
 def compact(slots: Slots) -> Slots:
-    """Move the occupied (waiting or running) slots to the front, keeping their order."""
+    """Move the occupied (waiting or running) slots to the front, keeping their order: one scatter
+    of whole slots per packed array."""
     keep = (slots.status == WAITING) | (slots.status == RUNNING)
     target = jnp.where(keep, jnp.cumsum(keep) - 1, keep.shape[0])
-
-    def pack(name: str, field: jax.Array) -> jax.Array:
-        return jnp.full_like(field, _FILL.get(name, 0)).at[target].set(field, mode="drop")
-
-    return Slots(*(pack(name, f) for name, f in zip(Slots._fields, slots, strict=True)))
+    free = Slots.full(keep.shape, slots.floats.dtype)
+    return jax.tree.map(lambda empty, x: empty.at[:, target].set(x, mode="drop"), free, slots)
 
 
 def occupied(slots: Slots) -> jax.Array:

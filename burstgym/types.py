@@ -19,6 +19,7 @@ import jax
 
 from burstgym.chunk_table import ChunkTable
 from burstgym.latency import LatencyModel, PowerModel
+from burstgym.record import Record
 from burstgym.workload import Requests, Workload
 
 # Node phases (NodeState.phase).
@@ -107,52 +108,100 @@ class EnvParams(NamedTuple):
     lengths: LengthStats  # the workload's mean lengths and expected longest of a batch (predictions)
 
 
-class Slots(NamedTuple):
-    """Requests held by each node, in a fixed table of S slots per node; all fields [N, S].
+class Slots(Record):
+    """Requests held by each node, in a fixed table of S slots per node; every field [N, S], packed
+    in `ints` [N, S, 10] and `floats` [N, S, 3] (`burstgym.record`).
 
     Each node's table is ordered: running requests by admission (oldest first), then waiting
     requests in FCFS queue order; free (EMPTY or DONE) slots are holes or trail (see
     `burstgym.scheduler`).
+
+    Fields: `req` int32, request index in the episode stream, NO_REQUEST when the slot is empty;
+    `status` int32, EMPTY / WAITING / RUNNING / DONE; `arrival` float, arrival time (relative to
+    the current arrival: <= 0); `prompt` int32, prompt tokens; `output` int32, output tokens to
+    generate; `computed` int32, tokens whose KV is in cache; `generated` int32, output tokens
+    produced so far; `sched` int32, tokens scheduled in the iteration now running (0 if none);
+    `pin` int32, leading prefix chunks this request holds in the node's prefix cache; `hit` int32,
+    prompt tokens served from the prefix cache at first admission (-1: not yet); `preempted`
+    int32, times preempted; `ttft` float, seconds from arrival to the first token (nan until
+    then); `e2e` float, seconds from arrival to the last token (nan until then).
     """
 
-    req: jax.Array  # int32, request index in the episode stream, NO_REQUEST when the slot is empty
-    status: jax.Array  # int32, EMPTY / WAITING / RUNNING / DONE
-    arrival: jax.Array  # float, arrival time (relative to the current arrival: <= 0)
-    prompt: jax.Array  # int32, prompt tokens
-    output: jax.Array  # int32, output tokens to generate
-    computed: jax.Array  # int32, tokens whose KV is in cache
-    generated: jax.Array  # int32, output tokens produced so far
-    sched: jax.Array  # int32, tokens scheduled in the iteration now running (0 if none)
-    pin: jax.Array  # int32, leading prefix chunks this request holds in the node's prefix cache
-    hit: jax.Array  # int32, prompt tokens served from the prefix cache at first admission (-1: not yet)
-    preempted: jax.Array  # int32, times preempted
-    ttft: jax.Array  # float, seconds from arrival to the first token (nan until then)
-    e2e: jax.Array  # float, seconds from arrival to the last token (nan until then)
+    _fields = (
+        "req", "status", "arrival", "prompt", "output", "computed", "generated", "sched", "pin", "hit",
+        "preempted", "ttft", "e2e",
+    )  # fmt: skip
+    _floats = frozenset({"arrival", "ttft", "e2e"})
+    _fill = {"req": NO_REQUEST, "hit": -1, "ttft": float("nan"), "e2e": float("nan")}
+    __slots__ = ()
+    req: jax.Array
+    status: jax.Array
+    arrival: jax.Array
+    prompt: jax.Array
+    output: jax.Array
+    computed: jax.Array
+    generated: jax.Array
+    sched: jax.Array
+    pin: jax.Array
+    hit: jax.Array
+    preempted: jax.Array
+    ttft: jax.Array
+    e2e: jax.Array
 
 
-class NodeState(NamedTuple):
-    """Per-node scheduler, power and accounting state; all fields [N]."""
+class NodeState(Record):
+    """Per-node scheduler, power and accounting state; every field [N], packed in `ints` [N, 10] and
+    `floats` [N, 10] (`burstgym.record`).
 
-    phase: jax.Array  # int32, IDLE / BUSY / ASLEEP / WAKING
-    iter_start: jax.Array  # float, start of the running iteration or run (BUSY)
-    iter_end: jax.Array  # float, end of the running iteration or run (BUSY)
-    repeat: jax.Array  # int32, identical decode iterations the running event covers (1: one)
-    run_d0: jax.Array  # float, duration of the first iteration of the running event
-    run_growth: jax.Array  # float, growth of the duration per iteration within a decode run
-    busy_w: jax.Array  # float, watts drawn by the running iteration or run
-    wake_end: jax.Array  # float, end of waking (WAKING)
-    idle_since: jax.Array  # float, when the node last became idle
-    last_time: jax.Array  # float, time up to which latency and energy are accrued
-    energy_j: jax.Array  # float, energy drawn this episode
-    busy_s: jax.Array  # float, time spent running iterations this episode
-    routed: jax.Array  # int32, requests routed to the node (accepted or dropped)
-    batch_rows: jax.Array  # int32, rows of the batch in flight (dynamic; 0: none)
-    batch_prompt: jax.Array  # int32, longest prompt of the batch in flight (dynamic, padding)
-    batch_gen: jax.Array  # int32, tokens each row of the batch in flight has produced (dynamic)
-    prefill_tokens: jax.Array  # int32, prompt and recompute tokens prefilled this episode
-    saved_tokens: jax.Array  # int32, tokens served from the prefix cache at admission (re-admissions too)
-    hit_tokens: jax.Array  # int32, prompt tokens served from the prefix cache at first admission
-    admitted_prompt: jax.Array  # int32, prompt tokens of first admissions (hit-rate denominator)
+    Fields: `phase` int32, IDLE / BUSY / ASLEEP / WAKING; `iter_start` float, start of the
+    running iteration or run (BUSY); `iter_end` float, end of the running iteration or run
+    (BUSY); `repeat` int32, identical decode iterations the running event covers (1: one);
+    `run_d0` float, duration of the first iteration of the running event; `run_growth` float,
+    growth of the duration per iteration within a decode run; `busy_w` float, watts drawn by the
+    running iteration or run; `wake_end` float, end of waking (WAKING); `idle_since` float, when
+    the node last became idle; `last_time` float, time up to which latency and energy are
+    accrued; `energy_j` float, energy drawn this episode; `busy_s` float, time spent running
+    iterations this episode; `routed` int32, requests routed to the node (accepted or dropped);
+    `batch_rows` int32, rows of the batch in flight (dynamic; 0: none); `batch_prompt` int32,
+    longest prompt of the batch in flight (dynamic, padding); `batch_gen` int32, tokens each row
+    of the batch in flight has produced (dynamic); `prefill_tokens` int32, prompt and recompute
+    tokens prefilled this episode; `saved_tokens` int32, tokens served from the prefix cache at
+    admission (re-admissions too); `hit_tokens` int32, prompt tokens served from the prefix
+    cache at first admission; `admitted_prompt` int32, prompt tokens of first admissions (hit-rate
+    denominator).
+    """
+
+    _fields = (
+        "phase", "iter_start", "iter_end", "repeat", "run_d0", "run_growth", "busy_w",
+        "wake_end", "idle_since", "last_time", "energy_j", "busy_s", "routed", "batch_rows",
+        "batch_prompt", "batch_gen", "prefill_tokens", "saved_tokens", "hit_tokens",
+        "admitted_prompt",
+    )  # fmt: skip
+    _floats = frozenset(
+        {"iter_start", "iter_end", "run_d0", "run_growth", "busy_w", "wake_end", "idle_since", "last_time"}
+        | {"energy_j", "busy_s"}
+    )
+    __slots__ = ()
+    phase: jax.Array
+    iter_start: jax.Array
+    iter_end: jax.Array
+    repeat: jax.Array
+    run_d0: jax.Array
+    run_growth: jax.Array
+    busy_w: jax.Array
+    wake_end: jax.Array
+    idle_since: jax.Array
+    last_time: jax.Array
+    energy_j: jax.Array
+    busy_s: jax.Array
+    routed: jax.Array
+    batch_rows: jax.Array
+    batch_prompt: jax.Array
+    batch_gen: jax.Array
+    prefill_tokens: jax.Array
+    saved_tokens: jax.Array
+    hit_tokens: jax.Array
+    admitted_prompt: jax.Array
 
 
 class PrefixCache(NamedTuple):
