@@ -56,6 +56,31 @@ def test_step_scan_times_a_scanned_episode_and_counts_its_copies():
     assert again["reward_sum"] == out["reward_sum"]  # the same episode: comparable across versions
 
 
+def test_interleaved_times_another_commit_s_engine_against_this_one(tmp_path):
+    """Both engines run and are timed in turn (HEAD against this checkout: the same code in a clean
+    clone, so the same episodes there)."""
+    tool = load_script("benchmarks/interleaved")
+    tool.extract("HEAD", tmp_path)
+    assert (tmp_path / "burstgym_base" / "rollout.py").is_file() and not (tmp_path / "burstgym").exists()
+    assert "import burstgym_base" in (tmp_path / "burstgym_base" / "env.py").read_text().replace(
+        "from", "import"
+    )
+    sys.path.insert(0, str(tmp_path))
+    try:
+        versions = {
+            "base": tool.engine("burstgym_base", "agents_base", "bursty", 8),
+            "tree": tool.engine("burstgym", "agents", "bursty", 8),
+        }
+        out = tool.compare(versions, clusters=1, rounds=2, length=8)
+    finally:
+        sys.path.remove(str(tmp_path))
+        for name in [m for m in sys.modules if m.split(".")[0] in ("burstgym_base", "agents_base")]:
+            del sys.modules[name]
+    assert len(out["ratio_per_round"]) == 2 and all(r > 0 for r in out["ratio_per_round"])
+    assert set(out["decisions_per_s"]) == {"base", "tree"} and set(out["compile_s"]) == {"base", "tree"}
+    assert out["decisions_per_s"]["tree"]["min"] > 0 and out["max_relative_ttft_difference"] >= 0
+
+
 @pytest.mark.parametrize(
     "script, argv, message",
     [
@@ -104,6 +129,13 @@ def test_step_scan_times_a_scanned_episode_and_counts_its_copies():
             "argument --seeds: must be an integer >= 1, got '0'",
         ),
         ("scripts/marginal_cost_accuracy", ["--scenarios", "nope"], "unknown scenario 'nope'"),
+        ("benchmarks/interleaved", ["--base", "no-such-commit"], "--base 'no-such-commit': fatal: "),
+        (
+            "benchmarks/interleaved",
+            ["--base", "HEAD", "--rounds", "0"],
+            "argument --rounds: must be an integer >= 1",
+        ),
+        ("benchmarks/interleaved", ["--base", "HEAD", "--scenario", "nope"], "unknown scenario 'nope'"),
     ],
 )
 def test_a_measuring_script_refuses_bad_input_in_one_line(script, argv, message, monkeypatch, capsys):
