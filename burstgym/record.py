@@ -7,8 +7,8 @@ narrows it. A `Record` keeps its integer fields in one array and its float field
 the field on the axis before the last, so each of those operations is one kernel per dtype
 instead of one per field (docs/performance.md, "Packed records").
 
-The field axis is the one before the last (`[..., F, S]` for fields of shape `[..., S]`), so a
-field is a contiguous run of the packed array. A subclass names its fields and their kinds; each
+For fields of shape `[..., S]` the arrays are `[..., F, S]`, so a field is a contiguous run of
+its array. A subclass names its fields and their kinds; each
 field reads as an attribute (a slice, which XLA fuses into its consumer), `_replace` and the
 constructor work as a NamedTuple's do, and the record is a pytree of its two arrays.
 `jax.tree.map` over a record maps the two arrays: a function of the leading axes (vmap, a select
