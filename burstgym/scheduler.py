@@ -660,7 +660,7 @@ def empty_slots(n_nodes: int, n_slots: int, fdt) -> Slots:
 def compact(slots: Slots) -> Slots:
     """Move the occupied (waiting or running) slots to the front, keeping their order: one scatter
     of whole slots per packed array."""
-    keep = (slots.status == WAITING) | (slots.status == RUNNING)
+    keep = occupied(slots)
     target = jnp.where(keep, jnp.cumsum(keep) - 1, keep.shape[0])
     free = Slots.full(keep.shape, slots.floats.dtype)
     return jax.tree.map(lambda empty, x: empty.at[:, target].set(x, mode="drop"), free, slots)
