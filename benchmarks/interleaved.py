@@ -69,6 +69,9 @@ def main() -> None:
     ap.add_argument("--episode-length", type=int_at_least(2), default=512)
     ap.add_argument("--clusters", type=int_at_least(1), default=32, help="clusters per episode batch")
     ap.add_argument("--rounds", type=int_at_least(1), default=14)
+    ap.add_argument(
+        "--threads", type=int_at_least(1), default=1, help="threads each batch runs from (rollout's threads=)"
+    )
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
     with refusals(ap), tempfile.TemporaryDirectory() as folder:
@@ -78,21 +81,21 @@ def main() -> None:
             f"{args.base} (base)": engine("burstgym_base", "agents_base", args.scenario, args.episode_length),
             "this checkout": engine("burstgym", "agents", args.scenario, args.episode_length),
         }
-        results = compare(versions, args.clusters, args.rounds, args.episode_length)
+        results = compare(versions, args.clusters, args.rounds, args.episode_length, args.threads)
     text = json.dumps(
-        {"base": args.base, "scenario": args.scenario, "clusters": args.clusters, **results}, indent=1
+        {"base": args.base, "scenario": args.scenario, "clusters": args.clusters, "threads": args.threads, **results}, indent=1
     )
     print(text)
     if args.json:
         Path(args.json).write_text(text + "\n")
 
 
-def compare(versions: dict, clusters: int, rounds: int, length: int) -> dict:
+def compare(versions: dict, clusters: int, rounds: int, length: int, threads: int = 1) -> dict:
     """Compile both (the compile seconds each reports), check their episodes, then time `rounds`
-    alternating batches (one thread)."""
+    alternating batches, each run from `threads` threads (one part of the clusters each)."""
     first, compile_s = {}, {}
     for name, (rollout, cfg, params, rule) in versions.items():
-        first[name] = rollout(cfg, params, rule, list(range(clusters)), threads=1)
+        first[name] = rollout(cfg, params, rule, list(range(clusters)), threads=threads)
         compile_s[name] = first[name].compile_s
     a, b = first.values()
     ttft_a, ttft_b = np.asarray(a.ttft), np.asarray(b.ttft)
@@ -103,7 +106,7 @@ def compare(versions: dict, clusters: int, rounds: int, length: int) -> dict:
         seeds = [s + 1000 * (r + 1) for s in range(clusters)]
         for name, (rollout, cfg, params, rule) in versions.items():
             start = time.perf_counter()
-            rollout(cfg, params, rule, seeds, threads=1)
+            rollout(cfg, params, rule, seeds, threads=threads)
             rates[name].append(clusters * length / (time.perf_counter() - start))
     base, new = rates.values()
     ratios = [y / x for x, y in zip(base, new, strict=True)]

@@ -71,7 +71,7 @@ def test_interleaved_times_another_commit_s_engine_against_this_one(tmp_path):
             "base": tool.engine("burstgym_base", "agents_base", "bursty", 8),
             "tree": tool.engine("burstgym", "agents", "bursty", 8),
         }
-        out = tool.compare(versions, clusters=1, rounds=2, length=8)
+        out = tool.compare(versions, clusters=2, rounds=2, length=8, threads=2)
     finally:
         sys.path.remove(str(tmp_path))
         for name in [m for m in sys.modules if m.split(".")[0] in ("burstgym_base", "agents_base")]:
