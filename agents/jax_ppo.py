@@ -339,13 +339,14 @@ class JaxPPO:
         self.num_timesteps = 0
 
     def _jit(self, name: str, fn: Callable, *extra: Any) -> Callable:
-        """`burstgym.compile_cache.jit(fn)`, compiled once per process for every learner of the same
-        static settings: `fn` reads only the configuration, the PPO settings and the batch layout
-        from `self` (the scenario's parameters come as an argument), so it is shared by equal
-        learners."""
+        """`burstgym.compile_cache.jit(fn, parallel=True)`, compiled once per process for every
+        learner of the same static settings: `fn` reads only the configuration, the PPO settings
+        and the batch layout from `self` (the scenario's parameters come as an argument), so it
+        is shared by equal learners. (The learner's programs keep XLA:CPU's parallel task
+        assignment: without it its rollouts and updates ran slower, docs/performance.md.)"""
         key = (name, self.cfg, self.ppo, self.n_envs, self.batch_size, self.n_updates, *extra)
         if key not in _JITTED:
-            _JITTED[key] = jit(fn)
+            _JITTED[key] = jit(fn, parallel=True)
         return _JITTED[key]
 
     # ----------------------------------------------------------------------------- set-up

@@ -21,7 +21,7 @@ compile options and the device, so a stale entry is never used; the folder can b
 any time. See JAX's "Persistent compilation cache" (https://docs.jax.dev/en/latest/persistent_compilation_cache.html).
 
 `jit` is `jax.jit` with `COMPILER_OPTIONS`, used for the core's programs (the rollout engine's
-episodes, the environments' steps and metrics, the JAX learner). Two options, both per program,
+episodes, the environments' steps and metrics, the JAX learner). Three options, all per program,
 so the user's own JAX programs in the same process are untouched (docs/performance.md,
 "Compiling"):
 - XLA:CPU's copy insertion uses its region-based live-range analysis, which proves more of the
@@ -36,6 +36,13 @@ so the user's own JAX programs in the same process are untouched (docs/performan
   reductions give the same values in any order; a float sum of more than 32 terms may round
   differently than with the rewrite, the same in every program compiled with these options (the
   engines agree bit for bit, tests/test_jax_rollout.py).
+- XLA:CPU's parallel task assignment is off: it cuts each kernel it judges large (90 of a
+  `prefix` episode's, e.g. the per-pair masks over a node's `[S, B]` slot-by-chunk table) into
+  parts run on the intra-op thread pool, which on the engine's kernels of some thousand elements
+  cost more than it saved (one thread: the `prefix` episode 25% faster without it). Each part
+  computes the same elements, so results are bit-identical. The JAX learner's programs (its rollouts, which run the policy network at every
+  step, and its updates) keep it (`jit(..., parallel=True)`, `PARALLEL_OPTIONS`): without it both
+  ran slower.
 """
 
 from __future__ import annotations
@@ -54,8 +61,10 @@ MIN_COMPILE_SECONDS = 0.0
 # XLA debug options the core's programs compile with (see the module docstring).
 COMPILER_OPTIONS = {
     "xla_cpu_copy_insertion_use_region_analysis": True,
-    "xla_disable_hlo_passes": "tree_reduction_rewriter",
+    "xla_disable_hlo_passes": "tree_reduction_rewriter,cpu-parallel-task-assigner",
 }
+# The same with XLA:CPU's parallel task assignment kept: the JAX learner's programs.
+PARALLEL_OPTIONS = {**COMPILER_OPTIONS, "xla_disable_hlo_passes": "tree_reduction_rewriter"}
 
 
 def default_dir() -> Path:
@@ -97,8 +106,9 @@ def _jax_dir() -> str | None:
     return os.environ.get("JAX_COMPILATION_CACHE_DIR") or None
 
 
-def jit(fn: Callable, **kwargs: Any) -> Callable:
-    """`jax.jit(fn, **kwargs)` compiled with `COMPILER_OPTIONS`."""
+def jit(fn: Callable, *, parallel: bool = False, **kwargs: Any) -> Callable:
+    """`jax.jit(fn, **kwargs)` compiled with `COMPILER_OPTIONS`, or with `PARALLEL_OPTIONS` when
+    `parallel` (its large kernels cut into parts for XLA:CPU's intra-op thread pool)."""
     import jax
 
-    return jax.jit(fn, compiler_options=COMPILER_OPTIONS, **kwargs)
+    return jax.jit(fn, compiler_options=PARALLEL_OPTIONS if parallel else COMPILER_OPTIONS, **kwargs)

@@ -94,10 +94,10 @@ def test_a_folder_given_to_jax_is_left_as_it_is(tmp_path) -> None:
 
 def test_core_programs_compile_with_fewer_copies_and_reductions_and_the_same_results() -> None:
     """`compile_cache.jit` (the core's programs) compiles the step with XLA's region-based copy
-    insertion and without its tree-reduction rewrite: fewer copies and `reduce-window` kernels
-    than plain `jax.jit`, and bit-identical states and rewards over this episode (a copy never
-    changes a value; without the rewrite only a float sum of more than 32 terms may round
-    differently, and none does here)."""
+    insertion, without its tree-reduction rewrite and without its parallel task assignment: fewer
+    copies and `reduce-window` kernels than plain `jax.jit`, no kernel cut into parts, and
+    bit-identical states and rewards over this episode (a copy never changes a value; without the
+    rewrite only a float sum of more than 32 terms may round differently, and none does here)."""
     cfg, params = scenarios.make("prefix", episode_length=16, slot_widths=[], chunk_widths=[])
     core = BurstBalance(cfg)
     _, state = core.reset(jax.random.key(3), params)
@@ -110,6 +110,7 @@ def test_core_programs_compile_with_fewer_copies_and_reductions_and_the_same_res
 
     assert count(ours, "copy") < count(plain, "copy")
     assert count(ours, "reduce-window") < count(plain, "reduce-window") / 2
+    assert "outer_dimension_partitions" not in ours.as_text()  # no kernel cut for the thread pool
     a = b = state
     for k in range(cfg.episode_length):
         _, a, ra, done_a, _ = plain(a, jnp.int32(k % cfg.n_nodes), params)
@@ -125,3 +126,20 @@ def test_core_programs_compile_with_fewer_copies_and_reductions_and_the_same_res
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
         assert raw(x) == raw(y)
     assert bool(done_b)
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="XLA:CPU cuts kernels into parts only with 2+ cores")
+def test_core_programs_keep_kernels_whole_and_the_learner_update_may_cut_them() -> None:
+    """`compile_cache.jit` turns XLA:CPU's parallel task assignment off (no kernel is cut into
+    parts for the intra-op thread pool), `jit(..., parallel=True)` keeps it, and both compute the
+    same bits."""
+
+    def fn(x: jax.Array) -> jax.Array:
+        return jnp.tanh(x * 1.5 + 0.25) * x
+
+    x = jnp.linspace(-3.0, 3.0, 1 << 20).reshape(1024, 1024)
+    whole = compile_cache.jit(fn).lower(x).compile()
+    cut = compile_cache.jit(fn, parallel=True).lower(x).compile()
+    assert "outer_dimension_partitions" not in whole.as_text()
+    assert "outer_dimension_partitions" in cut.as_text()
+    assert np.asarray(whole(x)).tobytes() == np.asarray(cut(x)).tobytes()
