@@ -83,7 +83,14 @@ def main() -> None:
         }
         results = compare(versions, args.clusters, args.rounds, args.episode_length, args.threads)
     text = json.dumps(
-        {"base": args.base, "scenario": args.scenario, "clusters": args.clusters, "threads": args.threads, **results}, indent=1
+        {
+            "base": args.base,
+            "scenario": args.scenario,
+            "clusters": args.clusters,
+            "threads": args.threads,
+            **results,
+        },
+        indent=1,
     )
     print(text)
     if args.json:

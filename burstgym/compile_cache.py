@@ -40,9 +40,9 @@ so the user's own JAX programs in the same process are untouched (docs/performan
   `prefix` episode's, e.g. the per-pair masks over a node's `[S, B]` slot-by-chunk table) into
   parts run on the intra-op thread pool, which on the engine's kernels of some thousand elements
   cost more than it saved (one thread: the `prefix` episode 25% faster without it). Each part
-  computes the same elements, so results are bit-identical. The JAX learner's programs (its rollouts, which run the policy network at every
-  step, and its updates) keep it (`jit(..., parallel=True)`, `PARALLEL_OPTIONS`): without it both
-  ran slower.
+  computes the same elements, so results are bit-identical. The JAX learner's programs (its
+  rollouts, which run the policy network at every step, and its updates) keep it
+  (`jit(..., parallel=True)`, `PARALLEL_OPTIONS`): without it both ran slower.
 """
 
 from __future__ import annotations
@@ -59,12 +59,16 @@ OFF = ("off", "0", "false", "no", "none")
 # (see the module docstring).
 MIN_COMPILE_SECONDS = 0.0
 # XLA debug options the core's programs compile with (see the module docstring).
-COMPILER_OPTIONS = {
+# The JAX learner's programs: XLA:CPU's parallel task assignment kept.
+PARALLEL_OPTIONS = {
     "xla_cpu_copy_insertion_use_region_analysis": True,
-    "xla_disable_hlo_passes": "tree_reduction_rewriter,cpu-parallel-task-assigner",
+    "xla_disable_hlo_passes": "tree_reduction_rewriter",
 }
-# The same with XLA:CPU's parallel task assignment kept: the JAX learner's programs.
-PARALLEL_OPTIONS = {**COMPILER_OPTIONS, "xla_disable_hlo_passes": "tree_reduction_rewriter"}
+# Every other core program: the same, with the parallel task assignment off too.
+COMPILER_OPTIONS = {
+    **PARALLEL_OPTIONS,
+    "xla_disable_hlo_passes": PARALLEL_OPTIONS["xla_disable_hlo_passes"] + ",cpu-parallel-task-assigner",
+}
 
 
 def default_dir() -> Path:

@@ -128,8 +128,10 @@ def test_core_programs_compile_with_fewer_copies_and_reductions_and_the_same_res
     assert bool(done_b)
 
 
-@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="XLA:CPU cuts kernels into parts only with 2+ cores")
-def test_core_programs_keep_kernels_whole_and_the_learner_update_may_cut_them() -> None:
+@pytest.mark.skipif(
+    len(os.sched_getaffinity(0)) < 2, reason="XLA:CPU cuts kernels into parts only with 2+ cores"
+)
+def test_core_programs_keep_kernels_whole_and_the_learner_s_programs_may_cut_them() -> None:
     """`compile_cache.jit` turns XLA:CPU's parallel task assignment off (no kernel is cut into
     parts for the intra-op thread pool), `jit(..., parallel=True)` keeps it, and both compute the
     same bits."""
