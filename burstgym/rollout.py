@@ -33,7 +33,8 @@ accelerator as many as its free memory holds, read from the compiled program's m
 Sharding: the cluster axis is placed with a `NamedSharding` over every visible device (a 1-D mesh
 "clusters") when the device count divides the number of clusters, and each device runs its own
 clusters' episodes (`shard_map`: clusters never interact, so no step communicates across
-devices). On one device this is the same computation. Otherwise the call runs on the default device.
+devices). With the default device alone there is no mesh: the same computation, unsharded.
+Otherwise the call runs on the default device.
 
 Errors: the core's error bits (`info["error"]`, cumulative per cluster) are tracked inside the scan
 with the first step at which each cluster raised one; after the call, `EpisodeBatch.check()`
@@ -63,6 +64,7 @@ from burstgym.compile_cache import jit
 from burstgym.env import BurstBalance
 from burstgym.gym_env import check_error
 from burstgym.observation import action_mask, observe
+from burstgym.program_store import compile_stored
 from burstgym.types import EnvConfig, EnvParams, State
 
 AXIS = "clusters"
@@ -349,6 +351,7 @@ def _reset_fn(cfg: EnvConfig):
 
 
 def _compiled(
+    name: str,
     cache: dict,
     key: Any,
     build,
@@ -357,25 +360,26 @@ def _compiled(
     donate: tuple[int, ...] = (),
     replicated: int = 0,
 ):
-    """The AOT-compiled `build()` for `args` (cached by key, shapes and mesh), and the seconds spent
-    compiling it now (0 when cached). Every argument leads with the cluster axis but the last
-    `replicated` ones, which every device gets whole (router weights)."""
+    """The AOT-compiled `build()` for `args` (cached by key, shapes and mesh; without a mesh through
+    `program_store.compile_stored`, so a later process compiles it without tracing `build()`), and
+    the seconds spent compiling it now (0 when cached). Every argument leads with the cluster axis
+    but the last `replicated` ones, which every device gets whole (router weights)."""
     shapes = jax.tree.map(lambda x: (x.shape, x.dtype), args)
     full = (key, str(shapes), None if mesh is None else tuple(d.id for d in mesh.devices.flat))
     if full in cache:
         return cache[full], 0.0
     start = time.perf_counter()
-    fn = build()
     if mesh is not None:
+        fn = build()
         spec = PartitionSpec(AXIS)
         specs = tuple(spec if i < len(args) - replicated else PartitionSpec() for i in range(len(args)))
         fn = _smap(fn, mesh, specs, spec)
         shard = NamedSharding(mesh, spec)
         shardings = tuple(NamedSharding(mesh, s) for s in specs)
         jitted = jit(fn, in_shardings=shardings, out_shardings=shard, donate_argnums=donate)
+        compiled = jitted.lower(*args).compile()
     else:
-        jitted = jit(fn, donate_argnums=donate)
-    compiled = jitted.lower(*args).compile()
+        compiled = compile_stored((name, key), build, args, donate_argnums=donate)
     cache[full] = compiled
     return compiled, time.perf_counter() - start
 
@@ -432,6 +436,8 @@ def rollout(
     ridx = np.repeat(np.arange(len(routers), dtype=np.int32), n_seeds)
     rseed = np.repeat(np.asarray(router_seeds, dtype=np.uint32), n_seeds)
     mesh = cluster_mesh(c, devices) if shard else None
+    if mesh is not None and mesh.devices.size == 1 and mesh.devices.flat[0] == jax.devices()[0]:
+        mesh = None  # one default device: the same computation without the shard_map
     if threads is None:
         single_cpu = jax.default_backend() == "cpu" and (mesh is None or mesh.devices.size == 1)
         threads = usable_cores() if single_cpu and memory_limit is None else 1
@@ -448,7 +454,7 @@ def rollout(
     else:
         seed_arr, ridx, rseed = (jnp.asarray(x) for x in (seed_arr, ridx, rseed))
 
-    reset, t_reset = _compiled(_RESET, cfg, lambda: _reset_fn(cfg), (seed_arr, params), mesh)
+    reset, t_reset = _compiled("rollout.reset", _RESET, cfg, lambda: _reset_fn(cfg), (seed_arr, params), mesh)
     start = time.perf_counter()
     states = reset(seed_arr, params)
     jax.block_until_ready(states)
@@ -469,7 +475,7 @@ def rollout(
         k = None if k is not None and k >= local else k  # every cluster of the device at once
         build = functools.partial(_episode_fn, cfg, routers, k, keep_router_state)
         key = (shared, routers, k, keep_router_state)
-        return _compiled(_EPISODE, key, build, parts[0], mesh, donate, replicated=1)
+        return _compiled("rollout.episode", _EPISODE, key, build, parts[0], mesh, donate, replicated=1)
 
     budget = memory_limit
     if fit and budget is None:
