@@ -19,6 +19,8 @@ tens of milliseconds, beside the one program that draws its length sample
 add about 1 MB to the folder. JAX keys each entry by the program, the JAX and XLA versions, the
 compile options and the device, so a stale entry is never used; the folder can be deleted at
 any time. See JAX's "Persistent compilation cache" (https://docs.jax.dev/en/latest/persistent_compilation_cache.html).
+JAX still traces a program in every process before it can look it up; the rollout engine's
+programs are also kept traced, in `programs/` of the same folder (`burstgym.program_store`).
 
 `jit` is `jax.jit` with `COMPILER_OPTIONS`, used for the core's programs (the rollout engine's
 episodes, the environments' steps and metrics, the JAX learner). Three options, all per program,
