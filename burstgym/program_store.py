@@ -74,27 +74,29 @@ def compile_stored(
     under the fingerprint of `key` and `args` (see the module docstring): a process that finds it
     compiles it without calling `build` or tracing. Returns a compiled program called with the
     same arguments and giving the same outputs, with `as_text()` and `memory_analysis()`."""
-    where = folder()
-    digest = None
-    if where is not None:
-        try:
-            digest = fingerprint(key, args, PARALLEL_OPTIONS if parallel else COMPILER_OPTIONS)
-        except Unkeyable:
-            digest = None
-    if digest is None:
+    options = PARALLEL_OPTIONS if parallel else COMPILER_OPTIONS
+
+    def traced() -> Any:
         return jit(build(), parallel=parallel, donate_argnums=donate_argnums).lower(*args).compile()
+
+    where = folder()
+    if where is None:
+        return traced()
+    try:
+        digest = fingerprint(key, args, options)
+    except Unkeyable:
+        return traced()
     leaves, in_tree = jax.tree.flatten(args)
     path = where / f"{digest}.program"
     program = _read(path)
     if program is None:
         program = _export(build(), in_tree, leaves)
         if program is None:  # not exportable: traced as usual
-            return jit(build(), parallel=parallel, donate_argnums=donate_argnums).lower(*args).compile()
+            return traced()
         _write(path, *program)
     exported, out_tree = program
     firsts = np.cumsum([0] + [len(jax.tree.leaves(a)) for a in args])
     flat_donate = tuple(i for a in donate_argnums for i in range(firsts[a], firsts[a + 1]))
-    options = PARALLEL_OPTIONS if parallel else COMPILER_OPTIONS
     compiled = jax.jit(exported.call, compiler_options=options, donate_argnums=flat_donate)
     return StoredProgram(compiled.lower(*leaves).compile(), in_tree, out_tree)
 
@@ -302,6 +304,7 @@ def _write(path: Path, exported: Any, out_tree: Any) -> None:
         part.write_bytes(header + b"\n" + bytes(exported.serialize()))
         os.replace(part, path)
     except OSError as e:
+        part.unlink(missing_ok=True)
         warnings.warn(
             f"burstgym: program not stored in {path.parent} ({e}); it is traced in each process", stacklevel=3
         )
