@@ -92,6 +92,20 @@ def test_a_folder_given_to_jax_is_left_as_it_is(tmp_path) -> None:
     assert _files(mine) and not _files(tmp_path / "xdg")
 
 
+@pytest.mark.parametrize("flags", ["", "--xla_backend_optimization_level=0"])
+def test_core_programs_compile_at_llvm_level_1_unless_xla_flags_names_a_level(flags) -> None:
+    """The core's programs get LLVM level 1 (the learner's keep XLA's default), unless the process's
+    XLA_FLAGS names a level, which then holds for every program (the test suite sets 0)."""
+    show = "import json\nfrom burstgym import compile_cache as c\n"
+    show += "print(json.dumps([c.COMPILER_OPTIONS, c.PARALLEL_OPTIONS]))"
+    env = {**os.environ, "XLA_FLAGS": flags, "JAX_PLATFORMS": "cpu", "BURSTGYM_JAX_CACHE": "off"}
+    out = subprocess.run([sys.executable, "-c", show], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    core, learner = json.loads(out.stdout.strip().splitlines()[-1])
+    assert core.get("xla_backend_optimization_level") == (None if flags else 1)
+    assert "xla_backend_optimization_level" not in learner
+
+
 def test_core_programs_compile_with_fewer_copies_and_reductions_and_the_same_results() -> None:
     """`compile_cache.jit` (the core's programs) compiles the step with XLA's region-based copy
     insertion, without its tree-reduction rewrite and without its parallel task assignment: fewer
