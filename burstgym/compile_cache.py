@@ -47,9 +47,10 @@ so the user's own JAX programs in the same process are untouched (docs/performan
   (`jit(..., parallel=True)`, `PARALLEL_OPTIONS`): without it both ran slower.
 - LLVM's optimisation level 1 instead of XLA's default 3 (`LLVM_LEVEL`), for every core program
   but the JAX learner's: XLA's own passes are the same and only the machine code is optimised
-  less, so a `prefix` episode compiles in about a third less time and runs as fast (the engine's
-  episodes, back to back in one process); the learner's programs, which run the policy network,
-  ran slower at level 1 and keep level 3. A level named in XLA_FLAGS
+  less; the `prefix` episode compiled in 31.2 and 37.2 s against 43.9 and 40.6 s at level 3 and
+  ran as fast (docs/performance.md, "LLVM optimisation level 1"). The learner's programs, which
+  run the policy network, keep level 3: their measured rates were too noisy to show a gain in run
+  time. A level named in XLA_FLAGS
   (`--xla_backend_optimization_level=N`) is kept for the whole process instead.
 """
 
