@@ -50,8 +50,8 @@ so the user's own JAX programs in the same process are untouched (docs/performan
   less; the `prefix` episode compiled in 31.2 and 37.2 s against 43.9 and 40.6 s at level 3 and
   ran as fast (docs/performance.md, "LLVM optimisation level 1"). The learner's programs, which
   run the policy network, keep level 3: their measured rates were too noisy to show a gain in run
-  time. A level named in XLA_FLAGS
-  (`--xla_backend_optimization_level=N`) is kept for the whole process instead.
+  time. A level named in XLA_FLAGS (`--xla_backend_optimization_level=N`) is kept for the whole
+  process instead.
 """
 
 from __future__ import annotations
